@@ -1,0 +1,124 @@
+//! `exclude` patterns: `*` matches any run of characters (`/` and `:` included), `?` matches one
+//! character, everything else matches itself. Matched by hand, because a regular expression would
+//! be compiled again at every admission.
+
+use std::fmt;
+
+/// Characters that other glob dialects give a meaning; refusing them keeps a pattern written for
+/// those dialects from silently matching nothing.
+const RESERVED: [char; 5] = ['[', ']', '{', '}', '\\'];
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Glob(String);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GlobError {
+    Empty,
+    Whitespace,
+    Reserved(char),
+}
+
+impl fmt::Display for GlobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GlobError::Empty => f.write_str("a pattern cannot be empty"),
+            GlobError::Whitespace => {
+                f.write_str("a pattern cannot contain white space or control characters")
+            }
+            GlobError::Reserved(c) => write!(f, "'{c}' is not supported, use '*' and '?' only"),
+        }
+    }
+}
+
+impl Glob {
+    pub fn new(pattern: &str) -> Result<Glob, GlobError> {
+        if pattern.is_empty() {
+            return Err(GlobError::Empty);
+        }
+        if pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(GlobError::Whitespace);
+        }
+        if let Some(c) = pattern.chars().find(|c| RESERVED.contains(c)) {
+            return Err(GlobError::Reserved(c));
+        }
+        Ok(Glob(pattern.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Iterative matching with one backtrack point: linear for patterns with one `*`, and at
+    /// worst O(pattern × text), never exponential.
+    pub fn matches(&self, text: &str) -> bool {
+        let pattern: Vec<char> = self.0.chars().collect();
+        let text: Vec<char> = text.chars().collect();
+        let (mut p, mut t) = (0, 0);
+        let mut backtrack: Option<(usize, usize)> = None;
+        while t < text.len() {
+            match pattern.get(p) {
+                Some('*') => {
+                    backtrack = Some((p, t));
+                    p += 1;
+                }
+                Some(&c) if c == '?' || c == text[t] => {
+                    p += 1;
+                    t += 1;
+                }
+                _ => match backtrack {
+                    Some((star, star_t)) => {
+                        p = star + 1;
+                        t = star_t + 1;
+                        backtrack = Some((star, star_t + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        pattern[p..].iter().all(|&c| c == '*')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case::any_tag("registry.k8s.io/pause:*", "registry.k8s.io/pause:3.9", true)]
+    #[case::other_image("registry.k8s.io/pause:*", "registry.k8s.io/pause2:3.9", false)]
+    #[case::star_crosses_slashes("docker.io/*", "docker.io/library/nginx:1.27", true)]
+    #[case::question_mark("quay.io/app:v?", "quay.io/app:v1", true)]
+    #[case::question_mark_one_char("quay.io/app:v?", "quay.io/app:v10", false)]
+    #[case::literal("docker.io/library/nginx:1.27", "docker.io/library/nginx:1.27", true)]
+    #[case::literal_prefix_is_not_a_match(
+        "docker.io/library/nginx",
+        "docker.io/library/nginx:1.27",
+        false
+    )]
+    #[case::several_stars("*/library/*:1.*", "docker.io/library/nginx:1.27", true)]
+    #[case::backtracking("*a*b", "xaxxaxb", true)]
+    #[case::trailing_stars("nginx**", "nginx", true)]
+    #[case::unicode("caf?", "café", true)]
+    fn matches_whole_references(#[case] pattern: &str, #[case] text: &str, #[case] expected: bool) {
+        let glob = Glob::new(pattern).expect("valid pattern");
+        assert_eq!(glob.matches(text), expected);
+    }
+
+    #[rstest]
+    #[case::empty("", GlobError::Empty)]
+    #[case::space("nginx *", GlobError::Whitespace)]
+    #[case::class("nginx:[0-9]", GlobError::Reserved('['))]
+    #[case::alternation("{a,b}", GlobError::Reserved('{'))]
+    #[case::escape("a\\*", GlobError::Reserved('\\'))]
+    fn refuses_patterns_it_would_misread(#[case] pattern: &str, #[case] error: GlobError) {
+        assert_eq!(Glob::new(pattern), Err(error));
+    }
+
+    #[test]
+    fn pathological_pattern_stays_fast() {
+        let glob = Glob::new(&"*a".repeat(50)).expect("valid pattern");
+        assert!(!glob.matches(&"a".repeat(49)));
+        assert!(glob.matches(&"a".repeat(5000)));
+    }
+}

@@ -1,0 +1,92 @@
+//! image-swapper-policy: a Kubewarden policy that rewrites Pod images to a mirror registry, but
+//! only to images the mirror was just seen to hold, pinned to the digest it answered.
+//!
+//! This file is the waPC wiring only: decode the request, run [`pod::admit`], encode the answer.
+
+pub mod decide;
+pub mod glob;
+pub mod host;
+pub mod pod;
+pub mod reference;
+pub mod rules;
+pub mod settings;
+
+use guest::prelude::*;
+use kubewarden_policy_sdk::request::ValidationRequest;
+use kubewarden_policy_sdk::response::ValidationResponse;
+use kubewarden_policy_sdk::settings::SettingsValidationResponse;
+use kubewarden_policy_sdk::wapc_guest as guest;
+use kubewarden_policy_sdk::{protocol_version_guest, reject_request};
+
+use crate::pod::Outcome;
+use crate::settings::{Policy, Settings, parse_settings};
+
+#[unsafe(no_mangle)]
+pub extern "C" fn wapc_init() {
+    register_function("validate", validate);
+    register_function("validate_settings", validate_settings);
+    register_function("protocol_version", protocol_version_guest);
+}
+
+fn validate(payload: &[u8]) -> CallResult {
+    let request = ValidationRequest::<Settings>::new(payload)?;
+    let policy = match Policy::from_settings(&request.settings) {
+        Ok(policy) => policy,
+        Err(error) => {
+            return reject_request(
+                Some(format!("invalid policy settings: {error}")),
+                Some(500),
+                None,
+                None,
+            );
+        }
+    };
+    respond(pod::admit(
+        &request.request,
+        &policy,
+        &mut host::KubewardenHost,
+    ))
+}
+
+/// Answers `{"valid": false, "message": ...}` for every settings error, parse errors included,
+/// with the path of the offending field.
+fn validate_settings(payload: &[u8]) -> CallResult {
+    let result =
+        parse_settings(payload).and_then(|settings| Policy::from_settings(&settings).map(|_| ()));
+    let response = SettingsValidationResponse {
+        valid: result.is_ok(),
+        message: result.err(),
+    };
+    Ok(serde_json::to_vec(&response)?)
+}
+
+fn respond(outcome: Outcome) -> CallResult {
+    let some = |warnings: Vec<String>| (!warnings.is_empty()).then_some(warnings);
+    let response = match outcome {
+        Outcome::Accept { warnings } => ValidationResponse {
+            accepted: true,
+            message: None,
+            code: None,
+            mutated_object: None,
+            audit_annotations: None,
+            warnings: some(warnings),
+        },
+        Outcome::Mutate { object, warnings } => ValidationResponse {
+            accepted: true,
+            message: None,
+            code: None,
+            mutated_object: Some(object),
+            audit_annotations: None,
+            warnings: some(warnings),
+        },
+        Outcome::Reject { message, warnings } => ValidationResponse {
+            accepted: false,
+            message: Some(message),
+            code: None,
+            mutated_object: None,
+            audit_annotations: None,
+            warnings: some(warnings),
+        },
+    };
+    Ok(serde_json::to_vec(&response)?)
+}

@@ -1,0 +1,645 @@
+//! One admission: which containers of the Pod to look at, one decision per distinct image, and
+//! the mutated Pod.
+//!
+//! The Pod stays JSON: a typed model would drop the fields it does not know, and the patch
+//! computed from the mutated object would then delete them from the Pod.
+
+use std::collections::BTreeMap;
+
+use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
+use serde_json::{Map, Value};
+
+use crate::decide::{Decision, LookupError, Registry, decide, quote};
+use crate::settings::Policy;
+
+/// The annotation that records, for each swapped container, the image the Pod asked for.
+pub const ORIGINAL_IMAGES_ANNOTATION: &str = "image-swapper.kubewarden.io/original-images";
+
+/// The container lists, in the order their images are looked up.
+const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
+
+/// What to answer the API server.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    Accept {
+        warnings: Vec<String>,
+    },
+    Mutate {
+        object: Value,
+        warnings: Vec<String>,
+    },
+    Reject {
+        message: String,
+        warnings: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operation {
+    Create,
+    Update,
+    /// `pods/ephemeralcontainers`: the API server keeps only `ephemeralContainers` of the object.
+    EphemeralContainers,
+}
+
+impl Operation {
+    /// Only a new Pod may get new `imagePullSecrets` or annotations that the API server keeps.
+    fn may_change_metadata(self) -> bool {
+        self != Operation::EphemeralContainers
+    }
+}
+
+/// A container whose image this admission may change.
+struct Candidate<'o> {
+    list: &'static str,
+    index: usize,
+    name: &'o str,
+    image: &'o str,
+}
+
+pub fn admit(
+    request: &KubernetesAdmissionRequest,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Outcome {
+    let accept = Outcome::Accept {
+        warnings: Vec::new(),
+    };
+    if request.kind.kind != "Pod" || !request.kind.group.is_empty() {
+        return accept;
+    }
+    let operation = match (request.operation.as_str(), request.sub_resource.as_str()) {
+        ("CREATE", "") => Operation::Create,
+        ("UPDATE", "") => Operation::Update,
+        ("UPDATE", "ephemeralcontainers") => Operation::EphemeralContainers,
+        _ => return accept,
+    };
+    let old = match operation {
+        Operation::Create => None,
+        _ => Some(&request.old_object),
+    };
+    let candidates = candidates(&request.object, old);
+    if candidates.is_empty() {
+        return accept;
+    }
+    let existing_secrets = pull_secret_names(&request.object);
+    let mut registry = LookOnce::new(registry);
+    let mut decisions: BTreeMap<&str, Decision> = BTreeMap::new();
+    let mut swaps: Vec<(&Candidate<'_>, String, Option<String>)> = Vec::new();
+    let mut kept: Vec<&Candidate<'_>> = Vec::new();
+    let mut warnings = Vec::new();
+    let mut rejections = Vec::new();
+    for candidate in &candidates {
+        let decision = match decisions.get(candidate.image) {
+            Some(decision) => decision.clone(),
+            None => {
+                let decision = decide(candidate.image, policy, &mut registry);
+                let decision =
+                    check_pull_secret(decision, candidate.image, operation, &existing_secrets);
+                match &decision {
+                    Decision::Keep { warning } => warnings.push(warning.clone()),
+                    Decision::Reject { message } => rejections.push(message.clone()),
+                    _ => {}
+                }
+                decisions.insert(candidate.image, decision.clone());
+                decision
+            }
+        };
+        match decision {
+            Decision::Swap { image, pull_secret } if image != candidate.image => {
+                swaps.push((candidate, image, pull_secret))
+            }
+            Decision::AlreadySwapped => {}
+            _ => kept.push(candidate),
+        }
+    }
+    if !rejections.is_empty() {
+        let message = match rejections.len() {
+            1 => rejections.remove(0),
+            n => format!("{n} images cannot be admitted: {}", rejections.join("; ")),
+        };
+        return Outcome::Reject { message, warnings };
+    }
+    let mut object = request.object.clone();
+    for (candidate, image, _) in &swaps {
+        if let Some(slot) = object
+            .pointer_mut(&format!("/spec/{}/{}", candidate.list, candidate.index))
+            .and_then(Value::as_object_mut)
+        {
+            slot.insert("image".to_string(), Value::String(image.clone()));
+        }
+    }
+    if operation.may_change_metadata() {
+        record_original_images(&mut object, &swaps, &kept);
+    }
+    if operation == Operation::Create {
+        let secrets = swaps.iter().filter_map(|(_, _, secret)| secret.as_deref());
+        add_pull_secrets(&mut object, secrets, &existing_secrets);
+    }
+    if object == request.object {
+        Outcome::Accept { warnings }
+    } else {
+        Outcome::Mutate { object, warnings }
+    }
+}
+
+/// The containers to decide on, in lookup order. On update, only containers whose image
+/// changed, and ephemeral containers that were added: changing the image of a running container
+/// restarts it, so an update that did not touch an image must not touch it either.
+fn candidates<'o>(object: &'o Value, old: Option<&'o Value>) -> Vec<Candidate<'o>> {
+    let mut candidates = Vec::new();
+    for list in CONTAINER_LISTS {
+        let Some(containers) = object
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+        else {
+            continue;
+        };
+        let old_containers = old
+            .and_then(|old| old.pointer(&format!("/spec/{list}")))
+            .and_then(Value::as_array);
+        for (index, container) in containers.iter().enumerate() {
+            let name = container
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let Some(image) = container.get("image").and_then(Value::as_str) else {
+                continue;
+            };
+            let unchanged = old.is_some()
+                && old_containers.is_some_and(|olds| {
+                    olds.iter().any(|o| {
+                        o.get("name").and_then(Value::as_str) == Some(name)
+                            && o.get("image").and_then(Value::as_str) == Some(image)
+                    })
+                });
+            if !unchanged {
+                candidates.push(Candidate {
+                    list,
+                    index,
+                    name,
+                    image,
+                });
+            }
+        }
+    }
+    candidates
+}
+
+/// On update and for ephemeral containers the API server refuses new `imagePullSecrets`: a mirror
+/// that needs a secret the Pod lacks would only turn into ImagePullBackOff.
+fn check_pull_secret(
+    decision: Decision,
+    image: &str,
+    operation: Operation,
+    existing: &[String],
+) -> Decision {
+    match decision {
+        Decision::Swap {
+            image: target,
+            pull_secret: Some(secret),
+        } if operation != Operation::Create && !existing.contains(&secret) => Decision::Keep {
+            warning: format!(
+                "image {}: kept, not swapped to {}: that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation",
+                quote(image),
+                quote(&target)
+            ),
+        },
+        other => other,
+    }
+}
+
+fn pull_secret_names(object: &Value) -> Vec<String> {
+    object
+        .pointer("/spec/imagePullSecrets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|secret| {
+            secret
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn add_pull_secrets<'s>(
+    object: &mut Value,
+    secrets: impl Iterator<Item = &'s str>,
+    existing: &[String],
+) {
+    let mut added: Vec<&str> = Vec::new();
+    for secret in secrets {
+        if !existing.iter().any(|e| e == secret) && !added.contains(&secret) {
+            added.push(secret);
+        }
+    }
+    let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if added.is_empty() {
+        return;
+    }
+    let list = spec
+        .entry("imagePullSecrets")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !list.is_array() {
+        *list = Value::Array(Vec::new());
+    }
+    if let Some(list) = list.as_array_mut() {
+        list.extend(
+            added
+                .into_iter()
+                .map(|name| serde_json::json!({ "name": name })),
+        );
+    }
+}
+
+/// Merges into the annotation: swapped containers get their original image; containers whose
+/// new image was not swapped lose a stale entry; the annotation goes when no entry is left.
+fn record_original_images(
+    object: &mut Value,
+    swaps: &[(&Candidate<'_>, String, Option<String>)],
+    kept: &[&Candidate<'_>],
+) {
+    let Some(metadata) = object.as_object_mut().map(|o| {
+        o.entry("metadata")
+            .or_insert_with(|| Value::Object(Map::new()))
+    }) else {
+        return;
+    };
+    let Some(metadata) = metadata.as_object_mut() else {
+        return;
+    };
+    let current = metadata
+        .get("annotations")
+        .and_then(|a| a.get(ORIGINAL_IMAGES_ANNOTATION))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let mut originals: Map<String, Value> = current
+        .as_deref()
+        .and_then(|text| serde_json::from_str::<Map<String, Value>>(text).ok())
+        .unwrap_or_default();
+    for (candidate, _, _) in swaps {
+        originals.insert(
+            candidate.name.to_string(),
+            Value::String(candidate.image.to_string()),
+        );
+    }
+    for candidate in kept {
+        originals.remove(candidate.name);
+    }
+    if originals.is_empty() {
+        if let (Some(_), Some(annotations)) = (
+            &current,
+            metadata
+                .get_mut("annotations")
+                .and_then(Value::as_object_mut),
+        ) {
+            annotations.remove(ORIGINAL_IMAGES_ANNOTATION);
+        }
+        return;
+    }
+    let updated = Value::Object(originals).to_string();
+    if current.as_deref() == Some(updated.as_str()) {
+        return;
+    }
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !annotations.is_object() {
+        *annotations = Value::Object(Map::new());
+    }
+    if let Some(annotations) = annotations.as_object_mut() {
+        annotations.insert(
+            ORIGINAL_IMAGES_ANNOTATION.to_string(),
+            Value::String(updated),
+        );
+    }
+}
+
+/// Asks the registry once per distinct image per admission, however many containers or
+/// decisions need it; lookups keep the order of their first use.
+struct LookOnce<'r, R: Registry> {
+    inner: &'r mut R,
+    answers: BTreeMap<String, Result<String, LookupError>>,
+}
+
+impl<'r, R: Registry> LookOnce<'r, R> {
+    fn new(inner: &'r mut R) -> Self {
+        LookOnce {
+            inner,
+            answers: BTreeMap::new(),
+        }
+    }
+}
+
+impl<R: Registry> Registry for LookOnce<'_, R> {
+    fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+        if let Some(answer) = self.answers.get(image) {
+            return answer.clone();
+        }
+        let answer = self.inner.manifest_digest(image);
+        self.answers.insert(image.to_string(), answer.clone());
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use kubewarden_policy_sdk::request::GroupVersionKind;
+    use serde_json::json;
+
+    const SETTINGS: &str = r#"{"mirrors":[
+        {"source":"docker.io","target":"mirror.example.com/dockerhub","pullSecret":"mirror-pull"},
+        {"source":"quay.io","target":"mirror.example.com/quay"}]}"#;
+    const NGINX: &str = "mirror.example.com/dockerhub/library/nginx:1.27";
+    const ARGO: &str = "mirror.example.com/quay/argoproj/argocd:v2";
+
+    fn request(
+        operation: &str,
+        sub_resource: &str,
+        object: Value,
+        old: Value,
+    ) -> KubernetesAdmissionRequest {
+        KubernetesAdmissionRequest {
+            kind: GroupVersionKind {
+                group: String::new(),
+                version: "v1".to_string(),
+                kind: "Pod".to_string(),
+            },
+            operation: operation.to_string(),
+            sub_resource: sub_resource.to_string(),
+            object,
+            old_object: old,
+            ..Default::default()
+        }
+    }
+
+    fn pod(containers: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": containers})
+    }
+
+    fn registry() -> FakeRegistry {
+        FakeRegistry::default()
+            .with(NGINX, Ok(DIGEST_A))
+            .with(ARGO, Ok(DIGEST_B))
+    }
+
+    fn mutated(outcome: Outcome) -> Value {
+        match outcome {
+            Outcome::Mutate { object, .. } => object,
+            other => panic!("expected a mutation, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn swaps_every_container_list_and_records_originals() {
+        let object = pod(json!({
+            "containers": [{"name": "web", "image": "nginx:1.27"}],
+            "initContainers": [{"name": "init", "image": "quay.io/argoproj/argocd:v2"}],
+            "ephemeralContainers": [{"name": "debug", "image": "nginx:1.27"}],
+        }));
+        let mut registry = registry();
+        let pod = mutated(admit(
+            &request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry,
+        ));
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            format!("{NGINX}@{DIGEST_A}")
+        );
+        assert_eq!(
+            pod["spec"]["initContainers"][0]["image"],
+            format!("{ARGO}@{DIGEST_B}")
+        );
+        assert_eq!(
+            pod["spec"]["ephemeralContainers"][0]["image"],
+            format!("{NGINX}@{DIGEST_A}")
+        );
+        let originals: Value = serde_json::from_str(
+            pod["metadata"]["annotations"][ORIGINAL_IMAGES_ANNOTATION]
+                .as_str()
+                .expect("annotation"),
+        )
+        .expect("JSON annotation");
+        assert_eq!(
+            originals,
+            json!({"web": "nginx:1.27", "init": "quay.io/argoproj/argocd:v2", "debug": "nginx:1.27"})
+        );
+        assert_eq!(
+            pod["spec"]["imagePullSecrets"],
+            json!([{"name": "mirror-pull"}])
+        );
+        assert_eq!(
+            registry.asked,
+            [NGINX, ARGO],
+            "one lookup per distinct image, in container order"
+        );
+    }
+
+    #[test]
+    fn keeps_fields_it_does_not_know_and_existing_secrets() {
+        let object = pod(json!({
+            "futureField": {"x": 1},
+            "imagePullSecrets": [{"name": "mirror-pull"}, {"name": "other"}],
+            "containers": [{"name": "web", "image": "nginx:1.27", "newContainerField": true}],
+        }));
+        let pod = mutated(admit(
+            &request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        ));
+        assert_eq!(pod["spec"]["futureField"], json!({"x": 1}));
+        assert_eq!(
+            pod["spec"]["containers"][0]["newContainerField"],
+            json!(true)
+        );
+        assert_eq!(
+            pod["spec"]["imagePullSecrets"],
+            json!([{"name": "mirror-pull"}, {"name": "other"}])
+        );
+    }
+
+    #[test]
+    fn admitting_twice_changes_nothing_and_looks_nothing_up() {
+        let object = pod(json!({"containers": [{"name": "web", "image": "nginx:1.27"}]}));
+        let policy = policy_from(SETTINGS);
+        let once = mutated(admit(
+            &request("CREATE", "", object, Value::Null),
+            &policy,
+            &mut registry(),
+        ));
+        let mut registry = registry();
+        let twice = admit(
+            &request("CREATE", "", once, Value::Null),
+            &policy,
+            &mut registry,
+        );
+        assert_eq!(twice, Outcome::Accept { warnings: vec![] });
+        assert!(registry.asked.is_empty());
+    }
+
+    #[test]
+    fn metadata_only_update_touches_nothing() {
+        let old = pod(json!({"containers": [{"name": "web", "image": "nginx:1.27"}]}));
+        let mut new = old.clone();
+        new["metadata"]["labels"] = json!({"a": "b"});
+        let mut registry = registry();
+        let outcome = admit(
+            &request("UPDATE", "", new, old),
+            &policy_from(SETTINGS),
+            &mut registry,
+        );
+        assert_eq!(outcome, Outcome::Accept { warnings: vec![] });
+        assert!(registry.asked.is_empty());
+    }
+
+    #[test]
+    fn update_swaps_only_the_changed_image_and_adds_no_secret() {
+        let old = pod(json!({
+            "imagePullSecrets": [{"name": "mirror-pull"}],
+            "containers": [{"name": "web", "image": "nginx:1.26"}, {"name": "side", "image": "quay.io/x/unchanged:1"}]
+        }));
+        let mut new = old.clone();
+        new["spec"]["containers"][0]["image"] = json!("nginx:1.27");
+        let mut registry = registry();
+        let pod = mutated(admit(
+            &request("UPDATE", "", new, old),
+            &policy_from(SETTINGS),
+            &mut registry,
+        ));
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            format!("{NGINX}@{DIGEST_A}")
+        );
+        assert_eq!(
+            pod["spec"]["containers"][1]["image"],
+            "quay.io/x/unchanged:1"
+        );
+        assert_eq!(registry.asked, [NGINX]);
+    }
+
+    #[test]
+    fn update_cannot_add_the_pull_secret_so_it_keeps_the_image() {
+        let old = pod(json!({"containers": [{"name": "web", "image": "nginx:1.26"}]}));
+        let mut new = old.clone();
+        new["spec"]["containers"][0]["image"] = json!("nginx:1.27");
+        let outcome = admit(
+            &request("UPDATE", "", new, old),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        );
+        let Outcome::Accept { warnings } = outcome else {
+            panic!("expected accept, got {outcome:?}")
+        };
+        assert!(
+            warnings[0].contains("needs imagePullSecret \"mirror-pull\""),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn ephemeral_container_subresource_swaps_the_added_container_only() {
+        let old =
+            pod(json!({"containers": [{"name": "web", "image": "quay.io/argoproj/argocd:v2"}]}));
+        let mut new = old.clone();
+        new["spec"]["ephemeralContainers"] =
+            json!([{"name": "debug", "image": "quay.io/argoproj/argocd:v2"}]);
+        let mut registry = registry();
+        let pod = mutated(admit(
+            &request("UPDATE", "ephemeralcontainers", new, old),
+            &policy_from(SETTINGS),
+            &mut registry,
+        ));
+        assert_eq!(
+            pod["spec"]["ephemeralContainers"][0]["image"],
+            format!("{ARGO}@{DIGEST_B}")
+        );
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            "quay.io/argoproj/argocd:v2"
+        );
+        assert!(
+            pod["metadata"].get("annotations").is_none(),
+            "the API server would drop it"
+        );
+    }
+
+    #[test]
+    fn rejections_are_gathered_into_one_message() {
+        let policy = policy_from(&SETTINGS.replace("]}", r#"],"onMissing":"reject"}"#));
+        let object = pod(json!({"containers": [
+            {"name": "a", "image": "nginx:missing"}, {"name": "b", "image": "quay.io/x/gone:1"}, {"name": "c", "image": "nginx:1.27"}
+        ]}));
+        let outcome = admit(
+            &request("CREATE", "", object, Value::Null),
+            &policy,
+            &mut registry(),
+        );
+        let Outcome::Reject { message, .. } = outcome else {
+            panic!("expected reject, got {outcome:?}")
+        };
+        assert!(
+            message.starts_with("2 images cannot be admitted: image \"nginx:missing\""),
+            "{message}"
+        );
+        assert!(message.contains("\"quay.io/x/gone:1\""), "{message}");
+    }
+
+    #[test]
+    fn other_kinds_and_operations_are_accepted_unchanged() {
+        let object = pod(json!({"containers": [{"name": "web", "image": "nginx:1.27"}]}));
+        let mut deployment = request("CREATE", "", object.clone(), Value::Null);
+        deployment.kind.kind = "Deployment".to_string();
+        deployment.kind.group = "apps".to_string();
+        let delete = request("DELETE", "", object.clone(), Value::Null);
+        let status = request("UPDATE", "status", object, Value::Null);
+        let mut registry = registry();
+        for request in [deployment, delete, status] {
+            assert_eq!(
+                admit(&request, &policy_from(SETTINGS), &mut registry),
+                Outcome::Accept { warnings: vec![] }
+            );
+        }
+        assert!(registry.asked.is_empty());
+    }
+
+    #[test]
+    fn missing_images_keep_the_pod_and_warn_once_per_image() {
+        let object = pod(json!({"containers": [
+            {"name": "a", "image": "nginx:missing"}, {"name": "b", "image": "nginx:missing"}
+        ]}));
+        let outcome = admit(
+            &request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        );
+        let Outcome::Accept { warnings } = outcome else {
+            panic!("expected accept, got {outcome:?}")
+        };
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+    }
+
+    #[test]
+    fn malformed_pods_are_accepted_unchanged() {
+        let policy = policy_from(SETTINGS);
+        for object in [
+            Value::Null,
+            json!({"spec": null}),
+            json!({"spec": {"containers": "nginx"}}),
+            json!({"spec": {"containers": [null, 1, {"image": 5}, {"name": "no-image"}]}}),
+        ] {
+            let outcome = admit(
+                &request("CREATE", "", object, Value::Null),
+                &policy,
+                &mut registry(),
+            );
+            assert_eq!(outcome, Outcome::Accept { warnings: vec![] });
+        }
+    }
+}
