@@ -1,0 +1,257 @@
+//! The built policy module, in a real wasm runtime, against a real registry on loopback.
+
+mod rig;
+
+use rig::hosts::LiveHost;
+use rig::images::Image;
+use rig::registry::TestRegistry;
+use rig::{pod_request, shared, validate, validate_settings};
+use serde_json::{Value, json};
+
+const REPOSITORY: &str = "dockerhub/library/nginx";
+
+fn settings(mirror: &TestRegistry, extra: Value) -> Value {
+    let mut settings = json!({"mirrors": [{"source": "docker.io", "target": format!("{}/dockerhub", mirror.host)}]});
+    if let (Some(settings), Some(extra)) = (settings.as_object_mut(), extra.as_object()) {
+        settings.extend(extra.clone());
+    }
+    settings
+}
+
+fn one_container(image: &str) -> Value {
+    pod_request(
+        "CREATE",
+        json!({"containers": [{"name": "web", "image": image}]}),
+    )
+}
+
+#[test]
+fn mirror_holding_the_tag_gets_the_pod_pinned_to_its_digest() {
+    let mirror = TestRegistry::start("tag").expect("registry");
+    let digest = Image::new("nginx 1.27", "linux/amd64").push(&mirror, REPOSITORY, Some("1.27"));
+    let host = shared(LiveHost::default());
+    let response = validate(
+        &settings(&mirror, json!({})),
+        &one_container("nginx:1.27"),
+        host.clone(),
+    );
+    assert!(response.accepted);
+    assert_eq!(
+        response.image("containers", 0),
+        Some(format!("{}/{REPOSITORY}:1.27@{digest}", mirror.host).as_str())
+    );
+    assert_eq!(host.lock().unwrap().exchanges.len(), 1);
+}
+
+/// The motivating case: a lifecycle rule prunes the mirror, and the very next admission, with
+/// nothing restarted, keeps the original image instead of sending the node to a missing one.
+#[test]
+fn pruned_mirror_falls_back_at_the_next_admission_and_recovers_when_refilled() {
+    let mirror = TestRegistry::start("prune").expect("registry");
+    let image = Image::new("nginx 1.27", "linux/amd64");
+    let digest = image.push(&mirror, REPOSITORY, Some("1.27"));
+    let settings = settings(&mirror, json!({}));
+    let request = one_container("nginx:1.27");
+    let host = shared(LiveHost::default());
+    let swapped = format!("{}/{REPOSITORY}:1.27@{digest}", mirror.host);
+
+    let first = validate(&settings, &request, host.clone());
+    assert_eq!(first.image("containers", 0), Some(swapped.as_str()));
+
+    mirror.delete_manifest(REPOSITORY, &digest).expect("prune");
+    let after_prune = validate(&settings, &request, host.clone());
+    assert!(after_prune.accepted);
+    assert!(
+        after_prune.mutated.is_none(),
+        "no patch: the original image stays"
+    );
+    assert!(
+        after_prune.warned("the mirror does not have it"),
+        "{:?}",
+        after_prune.warnings
+    );
+    assert!(
+        after_prune.warned("manifest unknown"),
+        "{:?}",
+        after_prune.warnings
+    );
+
+    image.push(&mirror, REPOSITORY, Some("1.27"));
+    let refilled = validate(&settings, &request, host.clone());
+    assert_eq!(refilled.image("containers", 0), Some(swapped.as_str()));
+    assert_eq!(
+        host.lock().unwrap().exchanges.len(),
+        3,
+        "one lookup per admission, never cached"
+    );
+}
+
+#[test]
+fn digest_references_are_swapped_only_when_the_mirror_has_that_digest() {
+    let mirror = TestRegistry::start("digest").expect("registry");
+    let present = Image::new("present", "linux/amd64");
+    let present_digest = present.push(&mirror, REPOSITORY, None);
+    let absent_digest = Image::new("absent", "linux/amd64").digest();
+    let host = shared(LiveHost::default());
+
+    let found = validate(
+        &settings(&mirror, json!({})),
+        &one_container(&format!("nginx:1.27@{present_digest}")),
+        host.clone(),
+    );
+    assert_eq!(
+        found.image("containers", 0),
+        Some(format!("{}/{REPOSITORY}:1.27@{present_digest}", mirror.host).as_str())
+    );
+
+    let request = one_container(&format!("nginx@{absent_digest}"));
+    let kept = validate(&settings(&mirror, json!({})), &request, host.clone());
+    assert!(kept.accepted && kept.mutated.is_none());
+    assert!(kept.warned(&absent_digest), "{:?}", kept.warnings);
+
+    let rejected = validate(
+        &settings(&mirror, json!({"onMissing": "reject"})),
+        &request,
+        host.clone(),
+    );
+    assert!(!rejected.accepted);
+    let message = rejected.message.expect("a rejection message");
+    assert!(
+        message.contains(&format!("nginx@{absent_digest}"))
+            && message.contains("onMissing is reject"),
+        "{message}"
+    );
+}
+
+#[test]
+fn mirror_down_follows_on_lookup_error_and_swaps_nothing() {
+    let mut mirror = TestRegistry::start("down").expect("registry");
+    Image::new("nginx", "linux/amd64").push(&mirror, REPOSITORY, Some("1.27"));
+    mirror.stop();
+    let request = one_container("nginx:1.27");
+    let host = shared(LiveHost::default());
+
+    let kept = validate(
+        &settings(&mirror, json!({"onMissing": "reject"})),
+        &request,
+        host.clone(),
+    );
+    assert!(
+        kept.accepted && kept.mutated.is_none(),
+        "an outage is not a missing image"
+    );
+    assert!(kept.warned("could not look it up (Callback evaluation failure: Fail to interact with OCI registry: error sending request"), "{:?}", kept.warnings);
+
+    let rejected = validate(
+        &settings(&mirror, json!({"onLookupError": "reject"})),
+        &request,
+        host.clone(),
+    );
+    assert!(!rejected.accepted && rejected.mutated.is_none());
+    assert!(
+        rejected
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("onLookupError is reject")),
+        "{:?}",
+        rejected.message
+    );
+
+    mirror.resume().expect("registry back");
+    let recovered = validate(&settings(&mirror, json!({})), &request, host.clone());
+    assert!(
+        recovered
+            .image("containers", 0)
+            .is_some_and(|i| i.starts_with(&mirror.host))
+    );
+}
+
+#[test]
+fn one_lookup_per_distinct_image_in_container_order() {
+    let mirror = TestRegistry::start("count").expect("registry");
+    Image::new("nginx", "linux/amd64").push(&mirror, REPOSITORY, Some("1.27"));
+    Image::new("redis", "linux/amd64").push(&mirror, "dockerhub/library/redis", Some("7"));
+    let spec = json!({
+        "initContainers": [{"name": "init", "image": "nginx:1.27"}, {"name": "cache-init", "image": "redis:7"}],
+        "containers": [
+            {"name": "a", "image": "nginx:1.27"}, {"name": "b", "image": "nginx:1.27"}, {"name": "c", "image": "redis:7"}
+        ],
+    });
+    let host = shared(LiveHost::default());
+    let response = validate(
+        &settings(&mirror, json!({})),
+        &pod_request("CREATE", spec),
+        host.clone(),
+    );
+    for (list, index) in [
+        ("containers", 0),
+        ("containers", 1),
+        ("containers", 2),
+        ("initContainers", 0),
+        ("initContainers", 1),
+    ] {
+        assert!(
+            response
+                .image(list, index)
+                .is_some_and(|i| i.starts_with(&mirror.host)),
+            "{list}[{index}]"
+        );
+    }
+    let lookups = host.lock().unwrap().lookups();
+    assert_eq!(
+        lookups,
+        [
+            format!("OciManifestDigest {}/{REPOSITORY}:1.27", mirror.host),
+            format!(
+                "OciManifestDigest {}/dockerhub/library/redis:7",
+                mirror.host
+            ),
+        ]
+    );
+}
+
+#[test]
+fn label_only_update_looks_nothing_up_and_patches_nothing() {
+    let mirror = TestRegistry::start("update").expect("registry");
+    let mut request = pod_request(
+        "UPDATE",
+        json!({"containers": [{"name": "web", "image": "nginx:1.27"}]}),
+    );
+    request["oldObject"] = request["object"].clone();
+    request["object"]["metadata"]["labels"] = json!({"team": "a"});
+    let host = shared(LiveHost::default());
+    let response = validate(&settings(&mirror, json!({})), &request, host.clone());
+    assert!(response.accepted && response.mutated.is_none() && response.warnings.is_empty());
+    assert!(host.lock().unwrap().exchanges.is_empty());
+}
+
+#[test]
+fn invalid_settings_are_refused_with_the_field_and_value() {
+    for (settings, message) in [
+        (
+            json!({"mirrors": [{"source": "docker.io", "target": "mirror/hub"}]}),
+            "mirrors[0].target: \"mirror/hub\": \"mirror\" is not a registry host",
+        ),
+        (
+            json!({"mirrors": [], "onMissing": "drop"}),
+            "onMissing: unknown variant `drop`, expected `keep` or `reject`",
+        ),
+        (
+            json!({"defaultMirror": {"registry": "m.io"}, "exclud": []}),
+            "exclud: unknown field `exclud`",
+        ),
+        (json!({}), "mirrors: no mirror is configured"),
+    ] {
+        let (valid, answer) = validate_settings(&settings);
+        assert!(!valid, "{settings}");
+        let answer = answer.expect("a message");
+        assert!(
+            answer.starts_with(message),
+            "{answer:?} should start with {message:?}"
+        );
+    }
+    assert_eq!(
+        validate_settings(&json!({"defaultMirror": {"registry": "m.io/cache"}})),
+        (true, None)
+    );
+}

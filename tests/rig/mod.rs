@@ -1,0 +1,140 @@
+//! The test rig: the built policy module in a real wasm runtime speaking Kubewarden's waPC
+//! protocol, its OCI lookups answered by real registries on loopback or by recorded sessions.
+#![allow(dead_code)] // each test crate uses a different part of the rig
+
+pub mod hosts;
+pub mod images;
+pub mod registry;
+pub mod wapc;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde_json::{Value, json};
+
+use wapc::{Host, SharedHost, WasmPolicy};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `policy.wasm`, compiled once per test binary, as policy-server compiles it once.
+pub fn policy() -> &'static WasmPolicy {
+    static POLICY: OnceLock<WasmPolicy> = OnceLock::new();
+    POLICY.get_or_init(|| {
+        let module = root().join("policy.wasm");
+        if let Err(error) = wapc::check_fresh(&module, &root().join("src")) {
+            panic!("{error:#}");
+        }
+        WasmPolicy::load(&module).unwrap_or_else(|e| panic!("{e:#}"))
+    })
+}
+
+pub fn shared<H: Host + 'static>(host: H) -> Arc<Mutex<H>> {
+    Arc::new(Mutex::new(host))
+}
+
+/// What `kwctl run` would show of a policy answer.
+#[derive(Debug)]
+pub struct Response {
+    pub accepted: bool,
+    pub message: Option<String>,
+    pub warnings: Vec<String>,
+    pub mutated: Option<Value>,
+}
+
+impl Response {
+    /// The image of `list[index]` in the mutated Pod, if it was mutated.
+    pub fn image(&self, list: &str, index: usize) -> Option<&str> {
+        self.mutated
+            .as_ref()?
+            .pointer(&format!("/spec/{list}/{index}/image"))?
+            .as_str()
+    }
+
+    pub fn warned(&self, text: &str) -> bool {
+        self.warnings.iter().any(|w| w.contains(text))
+    }
+}
+
+pub fn parse_response(bytes: &[u8]) -> Response {
+    let value: Value = serde_json::from_slice(bytes).expect("the policy answers JSON");
+    Response {
+        accepted: value["accepted"].as_bool().expect("accepted is a boolean"),
+        message: value["message"].as_str().map(str::to_string),
+        warnings: value["warnings"]
+            .as_array()
+            .map(|w| {
+                w.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        mutated: value
+            .get("mutated_object")
+            .filter(|v| !v.is_null())
+            .cloned(),
+    }
+}
+
+/// Runs `validate` on a fresh instance, as policy-server does for every request.
+pub fn validate(settings: &Value, request: &Value, host: SharedHost) -> Response {
+    let payload = json!({"settings": settings, "request": request}).to_string();
+    let evaluation = policy().call("validate", payload.as_bytes(), host);
+    parse_response(
+        &evaluation
+            .result
+            .unwrap_or_else(|e| panic!("validate failed: {e}")),
+    )
+}
+
+/// Runs `validate_settings`: `(valid, message)`.
+pub fn validate_settings(settings: &Value) -> (bool, Option<String>) {
+    let host = shared(hosts::InstantHost::default());
+    let evaluation = policy().call("validate_settings", settings.to_string().as_bytes(), host);
+    let value: Value = serde_json::from_slice(
+        &evaluation
+            .result
+            .unwrap_or_else(|e| panic!("validate_settings failed: {e}")),
+    )
+    .expect("JSON answer");
+    (
+        value["valid"].as_bool().expect("valid is a boolean"),
+        value["message"].as_str().map(str::to_string),
+    )
+}
+
+/// An AdmissionRequest for a Pod, as the API server sends it.
+pub fn pod_request(operation: &str, spec: Value) -> Value {
+    json!({
+        "uid": "1299d386-525b-4032-98ae-1949f69f9cfc",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": "web",
+        "namespace": "default",
+        "operation": operation,
+        "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+        "object": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": spec,
+        },
+        "oldObject": null,
+        "dryRun": false,
+        "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+    })
+}
+
+pub fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+pub fn read_yaml(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
