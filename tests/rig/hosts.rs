@@ -234,7 +234,9 @@ enum RecordedResponse {
     Error { message: String },
 }
 
+/// Named as kwctl tags them in session files.
 #[derive(Deserialize)]
+#[allow(clippy::enum_variant_names)]
 enum RecordedRequest {
     OciManifestDigest { image: String },
     OciManifest { image: String },
