@@ -55,10 +55,11 @@ impl Registry for KubewardenHost {
     }
 }
 
-/// The waPC guest library prefixes the host's text with "Host error: "; the operator needs only
-/// the host's own words.
+/// The waPC guest library and the host wrap the registry's text in "Host error: " and
+/// "Callback evaluation failure: "; the operator needs only the registry's words.
 fn host_message(text: &str) -> String {
-    text.strip_prefix("Host error: ")
+    let text = text.strip_prefix("Host error: ").unwrap_or(text);
+    text.strip_prefix("Callback evaluation failure: ")
         .unwrap_or(text)
         .to_string()
 }
@@ -117,7 +118,7 @@ mod tests {
     #[test]
     fn the_guest_library_prefix_is_dropped() {
         assert_eq!(
-            host_message("Host error: manifest unknown"),
+            host_message("Host error: Callback evaluation failure: manifest unknown"),
             "manifest unknown"
         );
     }

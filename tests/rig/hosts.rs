@@ -283,6 +283,11 @@ impl ReplayHost {
     pub fn remaining(&self) -> usize {
         self.pending.len()
     }
+
+    /// The exchanges not yet played, in order.
+    pub fn pending(&self) -> impl Iterator<Item = &Exchange> {
+        self.pending.iter()
+    }
 }
 
 impl Host for ReplayHost {

@@ -1,0 +1,54 @@
+# image-swapper-policy: Kubewarden's usual targets, plus `deps`, `run` and `bench`.
+SHELL := bash
+CARGO ?= cargo
+KWCTL ?= kwctl
+SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
+# Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq.
+TEST_PACKAGES := docker-registry bats jq
+
+.PHONY: deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
+
+# Picks rustup's wasm32-wasip1 target when installed, else Debian's offline kit; says which.
+policy.wasm: $(SOURCES)
+	scripts/build-wasm.sh
+
+annotated-policy.wasm: policy.wasm metadata.yml README.md | check-kwctl
+	$(KWCTL) annotate -m metadata.yml -u README.md -o $@ policy.wasm
+
+deps:
+	scripts/ensure-packages.sh $(TEST_PACKAGES)
+
+# Unit tests, then the built module in a wasm host against real registries on loopback.
+test: deps policy.wasm
+	$(CARGO) test --locked
+
+# The policy on examples/pod.json with examples/settings.yml; ARGS=--live asks a real registry.
+run: policy.wasm
+	$(CARGO) run --locked --quiet --example run -- $(ARGS)
+
+e2e-tests: annotated-policy.wasm
+	bats e2e/
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+lint:
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+bench: deps policy.wasm
+	$(CARGO) bench --locked --bench admission
+
+# make push REGISTRY=registry://ghcr.io/ORG/policies/image-swapper:v0.1.0
+push: annotated-policy.wasm
+	@[[ -n "$(REGISTRY)" ]] || { echo "set REGISTRY=registry://HOST/PATH:TAG" >&2; exit 1; }
+	$(KWCTL) push annotated-policy.wasm $(REGISTRY)
+
+check-kwctl:
+	@command -v $(KWCTL) >/dev/null || { \
+	  echo "kwctl is not installed: this target needs it (https://github.com/kubewarden/kwctl/releases)." >&2; \
+	  echo "Without kwctl, 'make test' replays the same e2e recordings in the project's own wasm host." >&2; \
+	  exit 1; }
+
+clean:
+	$(CARGO) clean
+	rm -f policy.wasm annotated-policy.wasm

@@ -1,0 +1,45 @@
+#!/usr/bin/env bats
+# End-to-end tests under real kwctl, with recorded host interactions (no network needed).
+# Run with `make e2e-tests` from the repository root.
+
+load helpers
+
+@test "swaps to the mirror, pinned to the digest the mirror answered" {
+  check_case swap-pinned
+}
+
+@test "mirror lacks the image: keeps the original and warns" {
+  check_case mirror-missing-kept
+}
+
+@test "mirror lacks the image with onMissing reject: rejects, naming image and mirror" {
+  check_case mirror-missing-rejected
+}
+
+@test "registry unreachable: keeps the original and warns, even with onMissing reject" {
+  check_case lookup-error-kept
+}
+
+@test "registry unreachable with onLookupError reject: rejects" {
+  check_case lookup-error-rejected
+}
+
+@test "digest reference: looked up by digest and swapped" {
+  check_case digest-reference
+}
+
+@test "already swapped image: no lookup, no patch" {
+  check_case already-swapped
+}
+
+@test "a Deployment is accepted unchanged" {
+  check_case deployment-unchanged
+}
+
+@test "an update that only changes labels: no lookup, no patch" {
+  check_case label-only-update
+}
+
+@test "invalid settings are refused" {
+  check_case invalid-settings
+}

@@ -1,0 +1,177 @@
+//! Runs the built policy on an admission request, as `kwctl run` would, in the test rig's wasm
+//! host. By default the OCI lookups are replayed from a kwctl session file; with `--live` a real
+//! registry is started on loopback, filled with the images the session says the mirror holds,
+//! and asked instead.
+//!
+//! `cargo run --example run -- [--settings F] [--request F] [--session F] [--live]`
+
+#[path = "../tests/rig/mod.rs"]
+mod rig;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use rig::hosts::{LiveHost, ReplayHost};
+use rig::images::Image;
+use rig::registry::TestRegistry;
+use rig::wapc::SharedHost;
+use serde_json::Value;
+
+struct Options {
+    settings: PathBuf,
+    request: PathBuf,
+    session: PathBuf,
+    live: bool,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options {
+        settings: rig::root().join("examples/settings.yml"),
+        request: rig::root().join("examples/pod.json"),
+        session: rig::root().join("examples/session.yml"),
+        live: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || {
+            args.next()
+                .map(PathBuf::from)
+                .ok_or(format!("{arg} needs a value"))
+        };
+        match arg.as_str() {
+            "--settings" => options.settings = value()?,
+            "--request" => options.request = value()?,
+            "--session" => options.session = value()?,
+            "--live" => options.live = true,
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; use --settings, --request, --session, --live"
+                ));
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// `host/repository:tag` → (`host`, `repository`, `tag`).
+fn split_image(image: &str) -> Option<(&str, &str, &str)> {
+    let (host, rest) = image.split_once('/')?;
+    let (repository, tag) = rest.rsplit_once(':')?;
+    Some((host, repository, tag))
+}
+
+fn main() -> ExitCode {
+    let options = match options() {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut settings = rig::read_yaml(&options.settings);
+    let request = rig::read_json(&options.request);
+    let replay = ReplayHost::load(&options.session)
+        .unwrap_or_else(|e| panic!("{}: {e:#}", options.session.display()));
+    println!(
+        "settings: {}\nrequest:  {}",
+        options.settings.display(),
+        options.request.display()
+    );
+
+    let mut registry = None;
+    let live = rig::shared(LiveHost::default());
+    let replay = rig::shared(replay);
+    let host: SharedHost = if options.live {
+        let mirror =
+            TestRegistry::start("example").expect("start the loopback registry (make deps)");
+        let mut seeded = Vec::new();
+        for exchange in replay
+            .lock()
+            .unwrap()
+            .pending()
+            .filter(|e| e.answer.is_ok())
+        {
+            if let Some((host, repository, tag)) = split_image(&exchange.image) {
+                Image::new(&exchange.image, "linux/amd64").push(&mirror, repository, Some(tag));
+                seeded.push(host.to_string());
+            }
+        }
+        // The mirror host of the settings is played by the loopback registry.
+        let rewritten = serde_json::to_string(&settings).unwrap_or_default();
+        let rewritten = seeded.iter().fold(rewritten, |text, host| {
+            text.replace(&format!("\"{host}"), &format!("\"{}", mirror.host))
+        });
+        settings = serde_json::from_str(&rewritten).expect("settings stay JSON");
+        println!(
+            "host:     live, a registry on {} standing in for {:?}, seeded from {}",
+            mirror.host,
+            seeded.first().map(String::as_str).unwrap_or("the mirror"),
+            options.session.display()
+        );
+        registry = Some(mirror);
+        live.clone()
+    } else {
+        println!(
+            "host:     replaying {} ({} recorded lookups)",
+            options.session.display(),
+            replay.lock().unwrap().remaining()
+        );
+        replay.clone()
+    };
+
+    let (valid, message) = rig::validate_settings(&settings);
+    if !valid {
+        println!(
+            "Provided settings are not valid: {}",
+            message.unwrap_or_default()
+        );
+        return ExitCode::FAILURE;
+    }
+    let response = rig::validate(&settings, &request, host);
+    println!("allowed:  {}", response.accepted);
+    if let Some(message) = &response.message {
+        println!("message:  {message}");
+    }
+    let original = &request["object"];
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
+        let containers = original["spec"][list]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for (index, container) in containers.iter().enumerate() {
+            let before = container["image"].as_str().unwrap_or_default();
+            let name = container["name"].as_str().unwrap_or_default();
+            match response.image(list, index).filter(|after| *after != before) {
+                Some(after) => println!("  {list}[{index}] {name}: {before}\n      -> {after}"),
+                None => println!("  {list}[{index}] {name}: {before} (unchanged)"),
+            }
+        }
+    }
+    if let Some(pod) = &response.mutated {
+        if let Some(secrets) = pod["spec"].get("imagePullSecrets") {
+            println!("imagePullSecrets: {secrets}");
+        }
+        if let Some(annotations) = pod["metadata"]
+            .get("annotations")
+            .and_then(Value::as_object)
+        {
+            for (key, value) in annotations {
+                println!("annotation {key}: {}", value.as_str().unwrap_or_default());
+            }
+        }
+    }
+    for warning in &response.warnings {
+        println!("warning:  {warning}");
+    }
+    let lookups = if options.live {
+        live.lock().unwrap().lookups()
+    } else {
+        replay.lock().unwrap().calls.clone()
+    };
+    println!("lookups:  {}", lookups.len());
+    for lookup in lookups {
+        println!("  {lookup}");
+    }
+    drop(registry);
+    ExitCode::SUCCESS
+}

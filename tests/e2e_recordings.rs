@@ -1,0 +1,150 @@
+//! The e2e cases of `e2e/cases/`, replayed in the project's own wasm host: the same requests,
+//! settings, recorded host interactions and expectations that `e2e/policy.bats` gives to kwctl.
+
+mod rig;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use rig::hosts::ReplayHost;
+use rig::{read_json, read_yaml, shared, validate, validate_settings};
+use serde_json::Value;
+
+fn check_case(dir: &Path) {
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string();
+    let expect = read_json(&dir.join("expect.json"));
+    let settings = read_yaml(&dir.join("settings.yml"));
+    if expect["settingsValid"] == Value::Bool(false) {
+        let (valid, message) = validate_settings(&settings);
+        assert!(!valid, "{name}: settings should be refused");
+        let want = expect["message"].as_str().unwrap_or_default();
+        assert!(
+            message.as_deref().is_some_and(|m| m.contains(want)),
+            "{name}: {message:?} lacks {want:?}"
+        );
+        return;
+    }
+    assert_eq!(
+        validate_settings(&settings),
+        (true, None),
+        "{name}: settings should be valid"
+    );
+    let replay = shared(ReplayHost::load(&dir.join("session.yml")).expect("session file"));
+    let response = validate(
+        &settings,
+        &read_json(&dir.join("request.json")),
+        replay.clone(),
+    );
+    assert_eq!(
+        Value::Bool(response.accepted),
+        expect["allowed"],
+        "{name}: allowed; {response:?}"
+    );
+    match expect["patch"].as_object() {
+        None => assert!(
+            response.mutated.is_none(),
+            "{name}: expected no patch, got {:?}",
+            response.mutated
+        ),
+        Some(paths) => {
+            let mutated = response
+                .mutated
+                .as_ref()
+                .unwrap_or_else(|| panic!("{name}: expected a patch"));
+            for (path, want) in paths {
+                assert_eq!(mutated.pointer(path), Some(want), "{name}: {path}");
+            }
+        }
+    }
+    if let Some(warning) = expect["warning"].as_str() {
+        assert!(
+            response.warned(warning),
+            "{name}: warnings {:?} lack {warning:?}",
+            response.warnings
+        );
+    }
+    if let Some(message) = expect["message"].as_str() {
+        assert!(
+            response
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains(message)),
+            "{name}: {:?} lacks {message:?}",
+            response.message
+        );
+    }
+    let replay = replay.lock().unwrap();
+    assert_eq!(
+        replay.remaining(),
+        0,
+        "{name}: recorded lookups left unused; made {:?}",
+        replay.calls
+    );
+}
+
+fn cases() -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(rig::root().join("e2e/cases"))
+        .expect("e2e/cases")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn every_e2e_case_holds_in_the_rig() {
+    let cases = cases();
+    assert!(cases.len() >= 10, "{} cases", cases.len());
+    for dir in cases {
+        check_case(&dir);
+    }
+}
+
+#[test]
+fn the_bats_suite_runs_every_case_and_only_existing_ones() {
+    let bats =
+        std::fs::read_to_string(rig::root().join("e2e/policy.bats")).expect("e2e/policy.bats");
+    let in_bats: BTreeSet<String> = bats
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("check_case "))
+        .map(|name| name.trim().to_string())
+        .collect();
+    let on_disk: BTreeSet<String> = cases()
+        .iter()
+        .filter_map(|dir| dir.file_name().and_then(|n| n.to_str()).map(str::to_string))
+        .collect();
+    assert_eq!(in_bats, on_disk);
+}
+
+#[test]
+fn the_example_session_replays_exactly() {
+    let replay =
+        shared(ReplayHost::load(&rig::root().join("examples/session.yml")).expect("session"));
+    let settings = read_yaml(&rig::root().join("examples/settings.yml"));
+    let response = validate(
+        &settings,
+        &read_json(&rig::root().join("examples/pod.json")),
+        replay.clone(),
+    );
+    assert!(
+        response.image("containers", 0).is_some_and(
+            |i| i.starts_with("mirror.example.com/dockerhub/library/nginx:1.27@sha256:")
+        )
+    );
+    assert_eq!(
+        response.image("containers", 2),
+        Some("registry.k8s.io/pause:3.10"),
+        "excluded"
+    );
+    assert_eq!(
+        response.image("initContainers", 0),
+        Some("busybox:1.36"),
+        "missing from the mirror"
+    );
+    assert_eq!(replay.lock().unwrap().remaining(), 0);
+}
