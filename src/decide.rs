@@ -2,13 +2,46 @@
 
 use crate::reference::{Reference, parse_digest};
 use crate::rules::{Destination, Route};
-use crate::settings::{Fallback, Policy, SwapPolicy};
+use crate::settings::{Fallback, Platform, Policy, SwapPolicy};
 
 /// The registry lookups a decision needs; Kubewarden's OCI host capabilities in the policy
 /// module, an in-memory table in unit tests.
 pub trait Registry {
     /// The manifest digest the registry serves for `image` (`v1/manifest_digest`).
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError>;
+    /// The manifest or index itself (`v1/oci_manifest`), for `verifySource`.
+    fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError>;
+}
+
+/// What `verifySource` needs of a manifest: the content it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Manifest {
+    /// A single-platform image, named by its config digest.
+    Image { config_digest: String },
+    /// A multi-platform index.
+    Index { entries: Vec<IndexEntry> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub digest: String,
+    pub os: String,
+    pub architecture: String,
+    pub variant: Option<String>,
+}
+
+impl IndexEntry {
+    /// Build attestations and other non-runnable entries say `unknown/unknown`.
+    fn is_runnable(&self) -> bool {
+        self.os != "unknown" && self.architecture != "unknown" && !self.os.is_empty()
+    }
+
+    fn platform(&self) -> String {
+        match &self.variant {
+            Some(variant) => format!("{}/{}/{variant}", self.os, self.architecture),
+            None => format!("{}/{}", self.os, self.architecture),
+        }
+    }
 }
 
 /// Why a lookup gave no digest. Only a registry's explicit "unknown" is [`LookupError::Absent`];
@@ -26,10 +59,11 @@ pub enum Decision {
     Unchanged,
     /// Already under a mirror target: admitting a swapped Pod again changes nothing.
     AlreadySwapped,
-    /// Write `image`; add `pull_secret` to the Pod when it has one.
+    /// Write `image`; add `pull_secret` to the Pod when it has one; say `warning` if any.
     Swap {
         image: String,
         pull_secret: Option<String>,
+        warning: Option<String>,
     },
     /// Keep the original image, and tell the user why.
     Keep { warning: String },
@@ -84,9 +118,11 @@ fn decide_mirror(
         Some(tag) => format!("{repository}:{tag}"),
         None => repository.clone(),
     };
+    let pull_secret = destination.pull_secret.map(str::to_string);
     let swap = |image: String| Decision::Swap {
         image,
-        pull_secret: destination.pull_secret.map(str::to_string),
+        pull_secret: pull_secret.clone(),
+        warning: None,
     };
     match (policy.swap_policy, reference.digest()) {
         (SwapPolicy::Always, Some(digest)) => swap(format!("{tagged}@{digest}")),
@@ -106,11 +142,174 @@ fn decide_mirror(
                 Err(error) => lookup_fallback(policy, image, &lookup, error),
             }
         }
-        (SwapPolicy::Exists, None) => match verified_digest(registry, &tagged) {
-            Ok(digest) if policy.pin_digest => swap(format!("{tagged}@{digest}")),
-            Ok(_) => swap(tagged),
-            Err(error) => lookup_fallback(policy, image, &tagged, error),
-        },
+        (SwapPolicy::Exists, None) => {
+            let mirror_digest = match verified_digest(registry, &tagged) {
+                Ok(digest) => digest,
+                Err(error) => return lookup_fallback(policy, image, &tagged, error),
+            };
+            let warning = if policy.verify_source {
+                let mirror = format!("{repository}@{mirror_digest}");
+                match check_source(
+                    reference,
+                    &mirror,
+                    &mirror_digest,
+                    &policy.platforms,
+                    registry,
+                ) {
+                    SourceCheck::Same => None,
+                    SourceCheck::Unreachable(why) => Some(format!(
+                        "image {}: swapped to the mirror without comparing it with the source, which could not be looked up ({why})",
+                        quote(image)
+                    )),
+                    SourceCheck::Stale(why) => {
+                        return fallback(
+                            policy.on_missing,
+                            image,
+                            &tagged,
+                            &format!("the mirror copy is stale: {why}"),
+                            "onMissing",
+                        );
+                    }
+                    SourceCheck::Failed(why) => {
+                        return fallback(
+                            policy.on_lookup_error,
+                            image,
+                            &tagged,
+                            &format!("could not compare it with the source ({why})"),
+                            "onLookupError",
+                        );
+                    }
+                }
+            } else {
+                None
+            };
+            let image = if policy.pin_digest {
+                format!("{tagged}@{mirror_digest}")
+            } else {
+                tagged
+            };
+            Decision::Swap {
+                image,
+                pull_secret,
+                warning,
+            }
+        }
+    }
+}
+
+/// What the source says of the mirror's copy of a tag.
+#[derive(Debug, PartialEq, Eq)]
+enum SourceCheck {
+    /// Same digest, or another encoding of the same content.
+    Same,
+    /// The source could not be asked: the mirror serves, which is what a mirror is for.
+    Unreachable(String),
+    /// The content differs: the tag moved upstream, or platforms are missing.
+    Stale(String),
+    /// The digests differ and the manifests needed to compare them could not be read.
+    Failed(String),
+}
+
+/// Compares the mirror's copy (`mirror` = repository@digest) with the source tag, with as few
+/// lookups as the case allows: one when the digests are equal, three when they are not.
+fn check_source(
+    source: &Reference,
+    mirror: &str,
+    mirror_digest: &str,
+    platforms: &[Platform],
+    registry: &mut impl Registry,
+) -> SourceCheck {
+    let source_tag = source.to_string();
+    let source_digest = match verified_digest(registry, &source_tag) {
+        Ok(digest) => digest,
+        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+            return SourceCheck::Unreachable(format!("{}: {why}", quote(&source_tag)));
+        }
+    };
+    if source_digest == mirror_digest {
+        return SourceCheck::Same;
+    }
+    let digests = format!("source {source_digest}, mirror {mirror_digest}");
+    let source_manifest = registry.manifest(&format!("{}@{source_digest}", source.name()));
+    let mirror_manifest = registry.manifest(mirror);
+    let (source_manifest, mirror_manifest) = match (source_manifest, mirror_manifest) {
+        (Ok(s), Ok(m)) => (s, m),
+        (Err(LookupError::Absent(why) | LookupError::Failed(why)), _)
+        | (_, Err(LookupError::Absent(why) | LookupError::Failed(why))) => {
+            return SourceCheck::Failed(format!("{digests}: {why}"));
+        }
+    };
+    match (&source_manifest, &mirror_manifest) {
+        (
+            Manifest::Image {
+                config_digest: source_config,
+            },
+            Manifest::Image {
+                config_digest: mirror_config,
+            },
+        ) => {
+            if source_config == mirror_config {
+                SourceCheck::Same
+            } else {
+                SourceCheck::Stale(format!(
+                    "the tag now names other content upstream ({digests})"
+                ))
+            }
+        }
+        (Manifest::Index { entries }, mirror_manifest) => {
+            let wanted: Vec<String> = if platforms.is_empty() {
+                entries
+                    .iter()
+                    .filter(|e| e.is_runnable())
+                    .map(IndexEntry::platform)
+                    .collect()
+            } else {
+                platforms.iter().map(Platform::to_string).collect()
+            };
+            let missing: Vec<&String> = wanted
+                .iter()
+                .filter(|platform| {
+                    !mirror_covers(entries, mirror_manifest, mirror_digest, platform)
+                })
+                .collect();
+            if missing.is_empty() && !wanted.is_empty() {
+                SourceCheck::Same
+            } else {
+                let missing: Vec<&str> = missing.iter().map(|p| p.as_str()).collect();
+                SourceCheck::Stale(format!(
+                    "it lacks the source's manifest for {} ({digests})",
+                    missing.join(", ")
+                ))
+            }
+        }
+        (Manifest::Image { .. }, Manifest::Index { .. }) => SourceCheck::Stale(format!(
+            "the source is now a single-platform image, the mirror an index ({digests})"
+        )),
+    }
+}
+
+/// Whether the mirror holds, for `platform`, the very manifest the source index lists for it.
+fn mirror_covers(
+    source: &[IndexEntry],
+    mirror: &Manifest,
+    mirror_digest: &str,
+    platform: &str,
+) -> bool {
+    let Some(wanted) = Platform::parse(platform) else {
+        return false;
+    };
+    let for_platform = |entries: &'_ [IndexEntry]| -> Option<String> {
+        entries
+            .iter()
+            .find(|e| wanted.covers(&e.os, &e.architecture, e.variant.as_deref()))
+            .map(|e| e.digest.clone())
+    };
+    let Some(source_digest) = for_platform(source) else {
+        return false;
+    };
+    match mirror {
+        Manifest::Image { .. } => source_digest == mirror_digest,
+        Manifest::Index { entries } => for_platform(entries).is_some_and(|d| d == source_digest),
     }
 }
 
@@ -176,6 +375,7 @@ pub mod tests {
     #[derive(Default)]
     pub struct FakeRegistry {
         pub answers: BTreeMap<String, Result<String, LookupError>>,
+        pub manifests: BTreeMap<String, Manifest>,
         pub asked: Vec<String>,
     }
 
@@ -194,6 +394,14 @@ pub mod tests {
                 .get(image)
                 .cloned()
                 .unwrap_or_else(|| Err(LookupError::Absent("manifest unknown".to_string())))
+        }
+
+        fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+            self.asked.push(format!("manifest {image}"));
+            self.manifests
+                .get(image)
+                .cloned()
+                .ok_or_else(|| LookupError::Absent("manifest unknown".to_string()))
         }
     }
 
@@ -216,6 +424,7 @@ pub mod tests {
         Decision::Swap {
             image: image.to_string(),
             pull_secret: Some("pull".to_string()),
+            warning: None,
         }
     }
 
@@ -352,5 +561,246 @@ pub mod tests {
     fn long_images_are_cut_in_messages() {
         let quoted = quote(&"a".repeat(10_000));
         assert!(quoted.len() < 220 && quoted.ends_with('…'), "{quoted}");
+    }
+}
+
+#[cfg(test)]
+mod verify_source_tests {
+    use super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use super::*;
+    use rstest::rstest;
+
+    const MIRROR_TAG: &str = "m.io/hub/library/app:1";
+    const SOURCE_TAG: &str = "docker.io/library/app:1";
+    const DIGEST_C: &str =
+        "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
+    const DIGEST_D: &str =
+        "sha256:dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd";
+
+    fn settings(extra: &str) -> Policy {
+        policy_from(&format!(
+            r#"{{"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"verifySource":true{extra}}}"#
+        ))
+    }
+
+    fn image(config: &str) -> Manifest {
+        Manifest::Image {
+            config_digest: config.to_string(),
+        }
+    }
+
+    fn entry(digest: &str, platform: &str) -> IndexEntry {
+        let mut parts = platform.split('/');
+        IndexEntry {
+            digest: digest.to_string(),
+            os: parts.next().unwrap_or_default().to_string(),
+            architecture: parts.next().unwrap_or_default().to_string(),
+            variant: parts.next().map(str::to_string),
+        }
+    }
+
+    /// A source index of amd64 (DIGEST_C), arm64 (DIGEST_D) and an attestation.
+    fn source_index() -> Manifest {
+        Manifest::Index {
+            entries: vec![
+                entry(DIGEST_C, "linux/amd64"),
+                entry(DIGEST_D, "linux/arm64/v8"),
+                entry(DIGEST_A, "unknown/unknown"),
+            ],
+        }
+    }
+
+    fn registry(mirror: &str, source: Result<&str, LookupError>) -> FakeRegistry {
+        FakeRegistry::default()
+            .with(MIRROR_TAG, Ok(mirror))
+            .with(SOURCE_TAG, source)
+    }
+
+    fn with_manifests(
+        mut registry: FakeRegistry,
+        source_digest: &str,
+        source: Manifest,
+        mirror_digest: &str,
+        mirror: Manifest,
+    ) -> FakeRegistry {
+        registry
+            .manifests
+            .insert(format!("docker.io/library/app@{source_digest}"), source);
+        registry
+            .manifests
+            .insert(format!("m.io/hub/library/app@{mirror_digest}"), mirror);
+        registry
+    }
+
+    fn outcome(decision: &Decision) -> String {
+        match decision {
+            Decision::Swap {
+                image,
+                warning: None,
+                ..
+            } => format!("swap {image}"),
+            Decision::Swap {
+                image,
+                warning: Some(w),
+                ..
+            } => format!("swap {image} warning {w}"),
+            Decision::Keep { warning } => format!("keep {warning}"),
+            Decision::Reject { message } => format!("reject {message}"),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::same_digest(
+        "",
+        registry(DIGEST_B, Ok(DIGEST_B)),
+        "swap m.io/hub/library/app:1@sha256:bbbb",
+        2
+    )]
+    #[case::tag_moved_upstream(
+        "",
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_D)
+        ),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: the tag now names other content upstream (source sha256:aaaa",
+        4
+    )]
+    #[case::tag_moved_upstream_rejected(
+        r#","onMissing":"reject""#,
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_D)
+        ),
+        "reject image \"docker.io/library/app:1\": cannot be swapped to \"m.io/hub/library/app:1\": the mirror copy is stale",
+        4
+    )]
+    #[case::converted_format_same_config(
+        "",
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_C)
+        ),
+        "swap m.io/hub/library/app:1@sha256:bbbb",
+        4
+    )]
+    #[case::single_platform_copy_covers_listed_platform(
+        r#","platforms":["linux/amd64"]"#,
+        with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source_index(),
+            DIGEST_C,
+            image(DIGEST_A)
+        ),
+        "swap m.io/hub/library/app:1@sha256:cccc",
+        4
+    )]
+    #[case::single_platform_copy_lacks_other_platforms(
+        "",
+        with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source_index(),
+            DIGEST_C,
+            image(DIGEST_A)
+        ),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: it lacks the source's manifest for linux/arm64/v8 (source sha256:bbbb",
+        4
+    )]
+    #[case::index_copy_covers_every_platform(
+        "",
+        with_manifests(registry(DIGEST_A, Ok(DIGEST_B)), DIGEST_B, source_index(), DIGEST_A,
+            Manifest::Index { entries: vec![entry(DIGEST_D, "linux/arm64/v8"), entry(DIGEST_C, "linux/amd64")] }),
+        "swap m.io/hub/library/app:1@sha256:aaaa",
+        4
+    )]
+    #[case::index_copy_with_other_manifest(
+        r#","platforms":["linux/arm64"]"#,
+        with_manifests(registry(DIGEST_A, Ok(DIGEST_B)), DIGEST_B, source_index(), DIGEST_A,
+            Manifest::Index { entries: vec![entry(DIGEST_A, "linux/arm64/v8"), entry(DIGEST_C, "linux/amd64")] }),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: it lacks the source's manifest for linux/arm64",
+        4
+    )]
+    #[case::source_single_mirror_index(
+        "",
+        with_manifests(
+            registry(DIGEST_A, Ok(DIGEST_B)),
+            DIGEST_B,
+            image(DIGEST_C),
+            DIGEST_A,
+            source_index()
+        ),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: the source is now a single-platform image",
+        4
+    )]
+    #[case::source_unreachable(
+        "",
+        registry(DIGEST_B, Err(LookupError::Failed("error sending request".to_string()))),
+        &format!("swap m.io/hub/library/app:1@{DIGEST_B} warning image \"docker.io/library/app:1\": swapped to the mirror without comparing it with the source, which could not be looked up (\"docker.io/library/app:1\": error sending request)"),
+        2
+    )]
+    #[case::manifests_unreadable(
+        "",
+        registry(DIGEST_B, Ok(DIGEST_A)),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": could not compare it with the source (source sha256:aaaa",
+        4
+    )]
+    #[case::mirror_missing_needs_no_source_lookup(
+        "",
+        FakeRegistry::default(),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror does not have it",
+        1
+    )]
+    fn verify_source_compares_content(
+        #[case] extra: &str,
+        #[case] mut registry: FakeRegistry,
+        #[case] expected: &str,
+        #[case] lookups: usize,
+    ) {
+        let decision = decide(SOURCE_TAG, &settings(extra), &mut registry);
+        let outcome = outcome(&decision);
+        assert!(
+            outcome.starts_with(expected),
+            "{outcome}\n  should start with\n{expected}"
+        );
+        assert_eq!(registry.asked.len(), lookups, "{:?}", registry.asked);
+    }
+
+    #[test]
+    fn stale_warning_shows_both_digests() {
+        let mut registry = with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_D),
+        );
+        let outcome = outcome(&decide(SOURCE_TAG, &settings(""), &mut registry));
+        assert!(
+            outcome.contains("stale") && outcome.contains(DIGEST_A) && outcome.contains(DIGEST_B),
+            "{outcome}"
+        );
+    }
+
+    #[test]
+    fn digest_references_need_no_source_lookup() {
+        let lookup = format!("m.io/hub/library/app@{DIGEST_A}");
+        let mut registry = FakeRegistry::default().with(&lookup, Ok(DIGEST_A));
+        let decision = decide(&format!("app@{DIGEST_A}"), &settings(""), &mut registry);
+        assert!(
+            matches!(decision, Decision::Swap { warning: None, .. }),
+            "{decision:?}"
+        );
+        assert_eq!(registry.asked, [lookup]);
     }
 }

@@ -6,9 +6,9 @@
 //! 429, 5xx, texts no registry was seen to give) is a lookup error, handled by `onLookupError`.
 
 use kubewarden_policy_sdk::Error;
-use kubewarden_policy_sdk::host_capabilities::oci;
+use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
 
-use crate::decide::{LookupError, Registry};
+use crate::decide::{IndexEntry, LookupError, Manifest, Registry};
 
 /// How registries and the host word "no such manifest or repository" (matched case-insensitively).
 pub const ABSENT_MARKERS: &[&str] = &[
@@ -47,6 +47,35 @@ impl Registry for KubewardenHost {
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
         match oci::get_manifest_digest(image) {
             Ok(answer) => Ok(answer.digest),
+            Err(Error::HostCall { source, .. }) => {
+                Err(classify(&host_message(&source.to_string())))
+            }
+            Err(other) => Err(LookupError::Failed(other.to_string())),
+        }
+    }
+
+    fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+        match oci::get_manifest(image) {
+            Ok(OciManifestResponse::Image(manifest)) => Ok(Manifest::Image {
+                config_digest: manifest.config().digest().to_string(),
+            }),
+            Ok(OciManifestResponse::ImageIndex(index)) => Ok(Manifest::Index {
+                entries: index
+                    .manifests()
+                    .iter()
+                    .map(|descriptor| {
+                        let platform = descriptor.platform().as_ref();
+                        IndexEntry {
+                            digest: descriptor.digest().to_string(),
+                            os: platform.map(|p| p.os().to_string()).unwrap_or_default(),
+                            architecture: platform
+                                .map(|p| p.architecture().to_string())
+                                .unwrap_or_default(),
+                            variant: platform.and_then(|p| p.variant().clone()),
+                        }
+                    })
+                    .collect(),
+            }),
             Err(Error::HostCall { source, .. }) => {
                 Err(classify(&host_message(&source.to_string())))
             }

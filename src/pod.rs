@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
 use serde_json::{Map, Value};
 
-use crate::decide::{Decision, LookupError, Registry, decide, quote};
+use crate::decide::{Decision, LookupError, Manifest, Registry, decide, quote};
 use crate::settings::Policy;
 
 /// The annotation that records, for each swapped container, the image the Pod asked for.
@@ -97,7 +97,11 @@ pub fn admit(
                 let decision =
                     check_pull_secret(decision, candidate.image, operation, &existing_secrets);
                 match &decision {
-                    Decision::Keep { warning } => warnings.push(warning.clone()),
+                    Decision::Keep { warning }
+                    | Decision::Swap {
+                        warning: Some(warning),
+                        ..
+                    } => warnings.push(warning.clone()),
                     Decision::Reject { message } => rejections.push(message.clone()),
                     _ => {}
                 }
@@ -106,9 +110,9 @@ pub fn admit(
             }
         };
         match decision {
-            Decision::Swap { image, pull_secret } if image != candidate.image => {
-                swaps.push((candidate, image, pull_secret))
-            }
+            Decision::Swap {
+                image, pull_secret, ..
+            } if image != candidate.image => swaps.push((candidate, image, pull_secret)),
             Decision::AlreadySwapped => {}
             _ => kept.push(candidate),
         }
@@ -198,6 +202,7 @@ fn check_pull_secret(
         Decision::Swap {
             image: target,
             pull_secret: Some(secret),
+            ..
         } if operation != Operation::Create && !existing.contains(&secret) => Decision::Keep {
             warning: format!(
                 "image {}: kept, not swapped to {}: that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation",
@@ -319,30 +324,39 @@ fn record_original_images(
     }
 }
 
-/// Asks the registry once per distinct image per admission, however many containers or
+/// Asks the registry once per distinct lookup per admission, however many containers or
 /// decisions need it; lookups keep the order of their first use.
 struct LookOnce<'r, R: Registry> {
     inner: &'r mut R,
-    answers: BTreeMap<String, Result<String, LookupError>>,
+    digests: BTreeMap<String, Result<String, LookupError>>,
+    manifests: BTreeMap<String, Result<Manifest, LookupError>>,
 }
 
 impl<'r, R: Registry> LookOnce<'r, R> {
     fn new(inner: &'r mut R) -> Self {
         LookOnce {
             inner,
-            answers: BTreeMap::new(),
+            digests: BTreeMap::new(),
+            manifests: BTreeMap::new(),
         }
     }
 }
 
 impl<R: Registry> Registry for LookOnce<'_, R> {
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
-        if let Some(answer) = self.answers.get(image) {
-            return answer.clone();
-        }
-        let answer = self.inner.manifest_digest(image);
-        self.answers.insert(image.to_string(), answer.clone());
-        answer
+        let inner = &mut self.inner;
+        self.digests
+            .entry(image.to_string())
+            .or_insert_with(|| inner.manifest_digest(image))
+            .clone()
+    }
+
+    fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+        let inner = &mut self.inner;
+        self.manifests
+            .entry(image.to_string())
+            .or_insert_with(|| inner.manifest(image))
+            .clone()
     }
 }
 

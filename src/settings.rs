@@ -18,6 +18,8 @@ pub struct Settings {
     pub mirrors: Vec<MirrorSetting>,
     pub default_mirror: Option<DefaultMirrorSetting>,
     pub swap_policy: SwapPolicy,
+    pub verify_source: bool,
+    pub platforms: Vec<String>,
     pub pin_digest: bool,
     pub on_missing: Fallback,
     pub on_lookup_error: Fallback,
@@ -30,6 +32,8 @@ impl Default for Settings {
             mirrors: Vec::new(),
             default_mirror: None,
             swap_policy: SwapPolicy::Exists,
+            verify_source: false,
+            platforms: Vec::new(),
             pin_digest: true,
             on_missing: Fallback::Keep,
             on_lookup_error: Fallback::Keep,
@@ -83,9 +87,62 @@ pub struct Policy {
     pub targets: Vec<Prefix>,
     pub exclude: Vec<Glob>,
     pub swap_policy: SwapPolicy,
+    /// Tag references: also require the mirror's content to be the source's.
+    pub verify_source: bool,
+    /// With `verify_source`, the platforms a mirror copy of a multi-platform source must cover;
+    /// empty means every platform the source lists.
+    pub platforms: Vec<Platform>,
     pub pin_digest: bool,
     pub on_missing: Fallback,
     pub on_lookup_error: Fallback,
+}
+
+/// `os/architecture[/variant]`, as image indexes name platforms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Platform {
+    pub os: String,
+    pub architecture: String,
+    pub variant: Option<String>,
+}
+
+impl Platform {
+    pub fn parse(text: &str) -> Option<Platform> {
+        let parts: Vec<&str> = text.split('/').collect();
+        let word = |s: &&str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        if !(2..=3).contains(&parts.len()) || !parts.iter().all(word) {
+            return None;
+        }
+        Some(Platform {
+            os: parts[0].to_string(),
+            architecture: parts[1].to_string(),
+            variant: parts.get(2).map(|v| v.to_string()),
+        })
+    }
+
+    /// Whether an index entry's platform serves this one: a platform named without a variant
+    /// accepts any variant of its architecture.
+    pub fn covers(&self, os: &str, architecture: &str, variant: Option<&str>) -> bool {
+        self.os == os
+            && self.architecture == architecture
+            && self
+                .variant
+                .as_deref()
+                .is_none_or(|wanted| Some(wanted) == variant)
+    }
+}
+
+impl std::fmt::Display for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        match &self.variant {
+            Some(variant) => write!(f, "/{variant}"),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Policy {
@@ -152,6 +209,22 @@ impl Policy {
                     .ok()
             })
             .collect();
+        let platforms = settings
+            .platforms
+            .iter()
+            .enumerate()
+            .filter_map(|(i, text)| {
+                Platform::parse(text)
+                    .ok_or_else(|| errors.push(format!("platforms[{i}]: {text:?} is not os/architecture[/variant], e.g. \"linux/arm64\" or \"linux/arm/v7\"")))
+                    .ok()
+            })
+            .collect();
+        if !settings.platforms.is_empty() && !settings.verify_source {
+            errors.push("platforms: only used with verifySource: true, which is not set; set it, or remove platforms".to_string());
+        }
+        if settings.verify_source && settings.swap_policy == SwapPolicy::Always {
+            errors.push("verifySource: true needs swapPolicy: exists; swapPolicy: always swaps without looking".to_string());
+        }
         if !errors.is_empty() {
             return Err(errors.join("; "));
         }
@@ -167,6 +240,8 @@ impl Policy {
             targets,
             exclude,
             swap_policy: settings.swap_policy,
+            verify_source: settings.verify_source,
+            platforms,
             pin_digest: settings.pin_digest,
             on_missing: settings.on_missing,
             on_lookup_error: settings.on_lookup_error,
@@ -324,10 +399,6 @@ mod tests {
         r#"{"mirrors":[{"source":"docker.io"}]}"#,
         "mirrors[0]: missing field `target`"
     )]
-    #[case::verify_source_not_yet(
-        r#"{"verifySource":true}"#,
-        "verifySource: unknown field `verifySource`"
-    )]
     fn parse_errors_name_the_field_and_value(#[case] json: &str, #[case] message: &str) {
         let error = parse_settings(json.as_bytes()).expect_err("invalid settings");
         assert!(
@@ -396,6 +467,22 @@ mod tests {
         r#"{"defaultMirror":{"registry":"m.io"},"exclude":[""]}"#,
         "exclude[0]: \"\": a pattern cannot be empty"
     )]
+    #[case::bad_platform(
+        r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"platforms":["linux/amd64","arm64"]}"#,
+        "platforms[1]: \"arm64\" is not os/architecture[/variant]"
+    )]
+    #[case::platform_upper_case(
+        r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"platforms":["Linux/amd64"]}"#,
+        "platforms[0]: \"Linux/amd64\" is not os/architecture[/variant]"
+    )]
+    #[case::platforms_without_verify_source(
+        r#"{"defaultMirror":{"registry":"m.io"},"platforms":["linux/amd64"]}"#,
+        "platforms: only used with verifySource: true"
+    )]
+    #[case::verify_source_with_always(
+        r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"swapPolicy":"always"}"#,
+        "verifySource: true needs swapPolicy: exists"
+    )]
     fn validation_errors_name_the_field_and_value(#[case] json: &str, #[case] message: &str) {
         let error = policy(json).expect_err("invalid settings");
         assert!(
@@ -422,7 +509,34 @@ mod tests {
     #[case::secret_with_dots(
         r#"{"mirrors":[{"source":"quay.io","target":"m.io/q","pullSecret":"mirror.pull-1"}]}"#
     )]
+    #[case::platforms(
+        r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"platforms":["linux/amd64","linux/arm/v7","windows/amd64"]}"#
+    )]
     fn valid_settings_are_accepted(#[case] json: &str) {
         assert!(policy(json).is_ok(), "{:?}", policy(json).err());
+    }
+}
+
+#[cfg(test)]
+mod platform_tests {
+    use super::Platform;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case::same("linux/amd64", ("linux", "amd64", None), true)]
+    #[case::any_variant("linux/arm64", ("linux", "arm64", Some("v8")), true)]
+    #[case::exact_variant("linux/arm/v7", ("linux", "arm", Some("v7")), true)]
+    #[case::other_variant("linux/arm/v7", ("linux", "arm", Some("v6")), false)]
+    #[case::variant_missing("linux/arm/v7", ("linux", "arm", None), false)]
+    #[case::other_arch("linux/amd64", ("linux", "arm64", None), false)]
+    #[case::other_os("linux/amd64", ("windows", "amd64", None), false)]
+    fn platforms_cover_index_entries(
+        #[case] wanted: &str,
+        #[case] entry: (&str, &str, Option<&str>),
+        #[case] covered: bool,
+    ) {
+        let platform = Platform::parse(wanted).expect("valid platform");
+        assert_eq!(platform.covers(entry.0, entry.1, entry.2), covered);
+        assert_eq!(platform.to_string(), wanted);
     }
 }
