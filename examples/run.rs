@@ -60,6 +60,14 @@ fn split_image(image: &str) -> Option<(&str, &str, &str)> {
     Some((host, repository, tag))
 }
 
+/// A path as the user would type it from the repository root.
+fn shown(path: &std::path::Path) -> String {
+    path.strip_prefix(rig::root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
 fn main() -> ExitCode {
     let options = match options() {
         Ok(options) => options,
@@ -71,11 +79,11 @@ fn main() -> ExitCode {
     let mut settings = rig::read_yaml(&options.settings);
     let request = rig::read_json(&options.request);
     let replay = ReplayHost::load(&options.session)
-        .unwrap_or_else(|e| panic!("{}: {e:#}", options.session.display()));
+        .unwrap_or_else(|e| panic!("{}: {e:#}", shown(&options.session)));
     println!(
         "settings: {}\nrequest:  {}",
-        options.settings.display(),
-        options.request.display()
+        shown(&options.settings),
+        shown(&options.request)
     );
 
     let mut registry = None;
@@ -106,14 +114,14 @@ fn main() -> ExitCode {
             "host:     live, a registry on {} standing in for {:?}, seeded from {}",
             mirror.host,
             seeded.first().map(String::as_str).unwrap_or("the mirror"),
-            options.session.display()
+            shown(&options.session)
         );
         registry = Some(mirror);
         live.clone()
     } else {
         println!(
             "host:     replaying {} ({} recorded lookups)",
-            options.session.display(),
+            shown(&options.session),
             replay.lock().unwrap().remaining()
         );
         replay.clone()

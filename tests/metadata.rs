@@ -1,0 +1,210 @@
+//! metadata.yml, questions-ui.yml and artifacthub-pkg.yml agree with the code and each other.
+
+mod rig;
+
+use image_swapper_policy::settings::Settings;
+use serde_json::{Value, json};
+
+fn metadata() -> Value {
+    rig::read_yaml(&rig::root().join("metadata.yml"))
+}
+
+fn annotation(metadata: &Value, key: &str) -> String {
+    metadata["annotations"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("metadata.yml lacks {key}"))
+        .to_string()
+}
+
+#[test]
+fn metadata_declares_a_mutating_wapc_policy_for_pods() {
+    let metadata = metadata();
+    assert_eq!(metadata["mutating"], json!(true));
+    assert_eq!(metadata["executionMode"], json!("kubewarden-wapc"));
+    assert_eq!(metadata["contextAwareResources"], json!([]));
+    let resources: Vec<(String, Value)> = metadata["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|rule| {
+            rule["resources"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |r| {
+                    (
+                        r.as_str().unwrap_or_default().to_string(),
+                        rule["operations"].clone(),
+                    )
+                })
+        })
+        .collect();
+    assert_eq!(
+        resources,
+        [
+            ("pods".to_string(), json!(["CREATE", "UPDATE"])),
+            ("pods/ephemeralcontainers".to_string(), json!(["UPDATE"]))
+        ]
+    );
+}
+
+#[test]
+fn metadata_has_every_annotation_and_the_crate_version() {
+    let metadata = metadata();
+    for key in [
+        "io.artifacthub.displayName",
+        "io.artifacthub.resources",
+        "io.artifacthub.keywords",
+        "io.kubewarden.policy.ociUrl",
+        "io.kubewarden.policy.title",
+        "io.kubewarden.policy.version",
+        "io.kubewarden.policy.description",
+        "io.kubewarden.policy.author",
+        "io.kubewarden.policy.url",
+        "io.kubewarden.policy.source",
+        "io.kubewarden.policy.license",
+        "io.kubewarden.policy.category",
+        "io.kubewarden.policy.severity",
+    ] {
+        assert!(!annotation(&metadata, key).is_empty(), "{key} is empty");
+    }
+    assert_eq!(
+        annotation(&metadata, "io.kubewarden.policy.version"),
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(
+        annotation(&metadata, "io.kubewarden.policy.license"),
+        env!("CARGO_PKG_LICENSE")
+    );
+}
+
+#[test]
+fn host_capabilities_are_exactly_the_ones_the_code_calls() {
+    let host = std::fs::read_to_string(rig::root().join("src/host.rs")).expect("src/host.rs");
+    let called: Vec<&str> = [
+        ("oci::get_manifest_digest(", "oci/v1/manifest_digest"),
+        ("oci::get_manifest(", "oci/v1/oci_manifest"),
+        (
+            "oci::get_manifest_and_config(",
+            "oci/v1/oci_manifest_config",
+        ),
+    ]
+    .iter()
+    .filter(|(call, _)| host.contains(call))
+    .map(|(_, capability)| *capability)
+    .collect();
+    let metadata = metadata();
+    let declared: Vec<&str> = metadata["hostCapabilities"]
+        .as_array()
+        .expect("hostCapabilities")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(declared, called);
+}
+
+/// Every setting, with the default the code has, and nothing else.
+#[test]
+fn questions_cover_every_setting_with_its_default() {
+    let defaults = serde_json::to_value(Settings::default()).expect("settings serialise");
+    let questions = rig::read_yaml(&rig::root().join("questions-ui.yml"));
+    let questions = questions["questions"].as_array().expect("questions");
+    let variables: Vec<&str> = questions
+        .iter()
+        .filter_map(|q| q["variable"].as_str())
+        .collect();
+    let settings: Vec<&str> = defaults
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut sorted = variables.clone();
+    sorted.sort_unstable();
+    let mut expected = settings.clone();
+    expected.sort_unstable();
+    assert_eq!(sorted, expected, "one question per setting");
+    for question in questions {
+        let variable = question["variable"].as_str().unwrap_or_default();
+        let default = match &defaults[variable] {
+            Value::Null => json!({}),
+            other => other.clone(),
+        };
+        assert_eq!(question["default"], default, "default of {variable}");
+        assert!(
+            question["description"]
+                .as_str()
+                .is_some_and(|d| d.len() > 20),
+            "{variable} needs help text"
+        );
+    }
+    let readme = std::fs::read_to_string(rig::root().join("README.md")).expect("README.md");
+    for setting in settings {
+        assert!(
+            readme.contains(&format!("`{setting}`")),
+            "README.md does not document `{setting}`"
+        );
+    }
+}
+
+/// What `kwctl scaffold artifacthub` would write from metadata.yml and questions-ui.yml.
+#[test]
+fn artifacthub_package_matches_metadata_and_questions() {
+    let metadata = metadata();
+    let package = rig::read_yaml(&rig::root().join("artifacthub-pkg.yml"));
+    let version = annotation(&metadata, "io.kubewarden.policy.version");
+    assert_eq!(package["version"], json!(version));
+    assert_eq!(
+        package["name"],
+        json!(annotation(&metadata, "io.kubewarden.policy.title"))
+    );
+    assert_eq!(
+        package["displayName"],
+        json!(annotation(&metadata, "io.artifacthub.displayName"))
+    );
+    assert_eq!(
+        package["description"],
+        json!(annotation(&metadata, "io.kubewarden.policy.description"))
+    );
+    assert_eq!(
+        package["license"],
+        json!(annotation(&metadata, "io.kubewarden.policy.license"))
+    );
+    assert_eq!(
+        package["homeURL"],
+        json!(annotation(&metadata, "io.kubewarden.policy.url"))
+    );
+    assert_eq!(
+        package["containersImages"][0]["image"],
+        json!(format!(
+            "{}:v{version}",
+            annotation(&metadata, "io.kubewarden.policy.ociUrl")
+        ))
+    );
+    let keywords: Vec<String> = annotation(&metadata, "io.artifacthub.keywords")
+        .split(',')
+        .map(|k| k.trim().to_string())
+        .collect();
+    assert_eq!(package["keywords"], json!(keywords));
+    let annotations = &package["annotations"];
+    assert_eq!(
+        annotations["kubewarden/mutation"],
+        json!(metadata["mutating"].to_string())
+    );
+    assert_eq!(
+        annotations["kubewarden/resources"],
+        json!(annotation(&metadata, "io.artifacthub.resources"))
+    );
+    let rules: Value =
+        serde_yaml::from_str(annotations["kubewarden/rules"].as_str().expect("rules"))
+            .expect("rules YAML");
+    assert_eq!(rules, metadata["rules"]);
+    let questions =
+        std::fs::read_to_string(rig::root().join("questions-ui.yml")).expect("questions-ui.yml");
+    assert_eq!(
+        annotations["kubewarden/questions-ui"],
+        json!(questions),
+        "questions-ui.yml, verbatim"
+    );
+}
