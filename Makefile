@@ -35,7 +35,11 @@ fmt:
 lint:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
-bench: deps policy.wasm
+# The floor the benchmark compares with: a policy that only parses the request and accepts it.
+target/floor-policy.wasm: bench/floor-policy/src/lib.rs bench/floor-policy/Cargo.toml Cargo.lock
+	scripts/build-wasm.sh floor-policy $@
+
+bench: deps policy.wasm target/floor-policy.wasm
 	$(CARGO) bench --locked --bench admission
 
 # make push REGISTRY=registry://ghcr.io/ORG/policies/image-swapper:v0.1.0

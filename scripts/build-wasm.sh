@@ -3,15 +3,19 @@
 # installed (the usual set-up); otherwise it falls back to Debian's offline kit (rustc-web,
 # rust-web-src, wasi-libc) and builds the standard library with -Zbuild-std, installing the kit
 # when it is missing. It says which way it took.
+#
+# Usage: scripts/build-wasm.sh [PACKAGE OUTPUT]   (default: image-swapper-policy policy.wasm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+package=${1:-image-swapper-policy}
+output=${2:-policy.wasm}
 target=wasm32-wasip1
 if command -v rustup >/dev/null && rustup target list --installed 2>/dev/null | grep -qx "$target"; then
-  echo "policy.wasm: building with rustup's installed $target target" >&2
+  echo "$output: building with rustup's installed $target target" >&2
   target_dir=target
-  cargo build --locked --release --lib --target "$target"
+  cargo build --locked --release --lib --package "$package" --target "$target"
 else
-  echo "policy.wasm: rustup has no $target target; building with Debian's offline kit (rustc-web, rust-web-src, wasi-libc) and -Zbuild-std" >&2
+  echo "$output: rustup has no $target target; building with Debian's offline kit (rustc-web, rust-web-src, wasi-libc) and -Zbuild-std" >&2
   scripts/ensure-packages.sh rustc-web rust-web-src wasi-libc
   host=$(rustc -vV | sed -n 's/^host: //p')
   lld="$(rustc --print sysroot)/lib/rustlib/$host/bin/rust-lld"
@@ -20,8 +24,8 @@ else
   target_dir=target/debian-kit
   RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc \
   RUSTFLAGS="-L native=/usr/lib/wasm32-wasi -C linker=$lld" \
-    cargo build --locked --release --lib --target "$target" --target-dir "$target_dir" \
+    cargo build --locked --release --lib --package "$package" --target "$target" --target-dir "$target_dir" \
       -Zbuild-std=std,panic_abort
 fi
-cp "$target_dir/$target/release/image_swapper_policy.wasm" policy.wasm
-echo "policy.wasm: $(stat -c %s policy.wasm) bytes" >&2
+cp "$target_dir/$target/release/${package//-/_}.wasm" "$output"
+echo "$output: $(stat -c %s "$output") bytes" >&2

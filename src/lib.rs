@@ -29,16 +29,20 @@ pub extern "C" fn wapc_init() {
 }
 
 fn validate(payload: &[u8]) -> CallResult {
-    let request = ValidationRequest::<Settings>::new(payload)?;
+    // Not ValidationRequest::new: its error quotes the whole payload, which for a large Pod is
+    // a message nobody can read.
+    let request: ValidationRequest<Settings> = match serde_json::from_slice(payload) {
+        Ok(request) => request,
+        Err(error) => {
+            let message = format!("cannot read the admission request: {error}");
+            return reject_request(Some(message), Some(400), None, None);
+        }
+    };
     let policy = match Policy::from_settings(&request.settings) {
         Ok(policy) => policy,
         Err(error) => {
-            return reject_request(
-                Some(format!("invalid policy settings: {error}")),
-                Some(500),
-                None,
-                None,
-            );
+            let message = format!("invalid policy settings: {error}");
+            return reject_request(Some(message), Some(500), None, None);
         }
     };
     respond(pod::admit(
