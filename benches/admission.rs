@@ -210,17 +210,16 @@ fn main() {
     let registry = TestRegistry::start("bench").expect("registry (make deps)");
     for containers in SIZES {
         let payload = payload(containers, &registry.host);
-        let mut pushed = std::collections::BTreeSet::new();
-        for image in images(containers) {
-            if let Some(lookup) = lookup_of(&image, &registry.host) {
-                if pushed.insert(lookup.clone()) {
-                    let (repository, tag) = lookup
-                        .strip_prefix(&format!("{}/", registry.host))
-                        .and_then(|rest| rest.rsplit_once(':'))
-                        .expect("repository:tag");
-                    Image::new(&lookup, "linux/amd64").push(&registry, repository, Some(tag));
-                }
-            }
+        let lookups: std::collections::BTreeSet<String> = images(containers)
+            .iter()
+            .filter_map(|image| lookup_of(image, &registry.host))
+            .collect();
+        for lookup in lookups {
+            let (repository, tag) = lookup
+                .strip_prefix(&format!("{}/", registry.host))
+                .and_then(|rest| rest.rsplit_once(':'))
+                .expect("repository:tag");
+            Image::new(&lookup, "linux/amd64").push(&registry, repository, Some(tag));
         }
         let host = Arc::new(Mutex::new(LiveHost::default()));
         let runs = iterations(containers).min(40);

@@ -30,7 +30,10 @@ enum Expect {
     LookupError,
 }
 
-fn faults() -> Vec<(&'static str, Result<Vec<u8>, String>, Expect, &'static str)> {
+/// (name, host answer, what it means, what the message must quote)
+type Fault = (&'static str, Result<Vec<u8>, String>, Expect, &'static str);
+
+fn faults() -> Vec<Fault> {
     let error = |text: String| Err(text);
     let ok = |text: &str| Ok(text.as_bytes().to_vec());
     vec![
