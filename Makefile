@@ -47,6 +47,17 @@ push: annotated-policy.wasm
 	@[[ -n "$(REGISTRY)" ]] || { echo "set REGISTRY=registry://HOST/PATH:TAG" >&2; exit 1; }
 	$(KWCTL) push annotated-policy.wasm $(REGISTRY)
 
+# A short run of each fuzz target (CI); FUZZ_SECONDS=600 for a longer one. Installs cargo-fuzz
+# when missing. No sanitizer: the targets are safe Rust, and stable compilers have none.
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := reference settings validate
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for target in $(FUZZ_TARGETS); do \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --sanitizer none $$target -- \
+	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; \
+	done
+
 check-kwctl:
 	@command -v $(KWCTL) >/dev/null || { \
 	  echo "kwctl is not installed: this target needs it (https://github.com/kubewarden/kwctl/releases)." >&2; \

@@ -1,0 +1,127 @@
+//! `validate` as a whole, natively: an arbitrary admission request with arbitrary host answers.
+//! No panic, and every image the policy writes lies under a configured target and carries only
+//! digests the host answered or the Pod already had.
+#![no_main]
+
+use image_swapper_policy::decide::{IndexEntry, LookupError, Manifest, Registry};
+use image_swapper_policy::pod::{Outcome, admit};
+use image_swapper_policy::settings::{Policy, Settings, SwapPolicy};
+use kubewarden_policy_sdk::request::ValidationRequest;
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+
+/// Answers chosen by the first bytes of the input, call after call.
+struct FuzzRegistry<'a> {
+    script: &'a [u8],
+    calls: usize,
+    answered: Vec<String>,
+}
+
+impl FuzzRegistry<'_> {
+    fn next(&mut self) -> u8 {
+        let byte = self
+            .script
+            .get(self.calls % self.script.len().max(1))
+            .copied()
+            .unwrap_or(0);
+        self.calls += 1;
+        byte
+    }
+}
+
+impl Registry for FuzzRegistry<'_> {
+    fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+        let byte = self.next();
+        match byte % 5 {
+            0 | 1 => {
+                let digest = format!("sha256:{:064x}", image.len() * 31 + usize::from(byte));
+                self.answered.push(digest.clone());
+                Ok(digest)
+            }
+            2 => Err(LookupError::Absent("manifest unknown".to_string())),
+            3 => Err(LookupError::Failed("timeout".to_string())),
+            _ => Ok(image.chars().rev().collect()),
+        }
+    }
+
+    fn manifest(&mut self, _image: &str) -> Result<Manifest, LookupError> {
+        let byte = self.next();
+        let digest = format!("sha256:{:064x}", byte / 5);
+        match byte % 4 {
+            0 => Ok(Manifest::Image {
+                config_digest: digest,
+            }),
+            1 => Ok(Manifest::Index {
+                entries: vec![IndexEntry {
+                    digest,
+                    os: "linux".to_string(),
+                    architecture: "amd64".to_string(),
+                    variant: None,
+                }],
+            }),
+            2 => Err(LookupError::Absent("manifest unknown".to_string())),
+            _ => Err(LookupError::Failed("refused".to_string())),
+        }
+    }
+}
+
+fn images(object: &Value) -> Vec<(String, String)> {
+    let mut images = Vec::new();
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
+        if let Some(containers) = object
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+        {
+            for (i, container) in containers.iter().enumerate() {
+                if let Some(image) = container.get("image").and_then(Value::as_str) {
+                    images.push((format!("{list}/{i}"), image.to_string()));
+                }
+            }
+        }
+    }
+    images
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (script, json) = data.split_at(data.len().min(8));
+    let Ok(request) = serde_json::from_slice::<ValidationRequest<Settings>>(json) else {
+        return;
+    };
+    let Ok(policy) = Policy::from_settings(&request.settings) else {
+        return;
+    };
+    let mut registry = FuzzRegistry {
+        script,
+        calls: 0,
+        answered: Vec::new(),
+    };
+    let outcome = admit(&request.request, &policy, &mut registry);
+    let Outcome::Mutate { object, .. } = outcome else {
+        return;
+    };
+    let before = images(&request.request.object);
+    for (path, after) in images(&object) {
+        let Some((_, original)) = before.iter().find(|(p, _)| *p == path) else {
+            panic!("{path} appeared");
+        };
+        if *original == after {
+            continue;
+        }
+        assert!(
+            policy
+                .targets
+                .iter()
+                .any(|t| after.starts_with(&format!("{}/", t.as_str()))),
+            "{after} is under no target"
+        );
+        if let Some((_, digest)) = after.split_once('@') {
+            let known = registry.answered.iter().any(|d| d == digest) || original.contains(digest);
+            assert!(known, "{after} carries a digest nobody verified");
+        } else {
+            assert!(
+                policy.swap_policy == SwapPolicy::Always || !policy.pin_digest,
+                "{after} is not pinned"
+            );
+        }
+    }
+});
