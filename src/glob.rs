@@ -49,34 +49,43 @@ impl Glob {
     }
 
     /// Iterative matching with one backtrack point: linear for patterns with one `*`, and at
-    /// worst O(pattern × text), never exponential.
+    /// worst O(pattern × text), never exponential. Bytes when both are ASCII (no allocation),
+    /// characters otherwise, so that `?` is always one character.
     pub fn matches(&self, text: &str) -> bool {
-        let pattern: Vec<char> = self.0.chars().collect();
-        let text: Vec<char> = text.chars().collect();
-        let (mut p, mut t) = (0, 0);
-        let mut backtrack: Option<(usize, usize)> = None;
-        while t < text.len() {
-            match pattern.get(p) {
-                Some('*') => {
-                    backtrack = Some((p, t));
-                    p += 1;
-                }
-                Some(&c) if c == '?' || c == text[t] => {
-                    p += 1;
-                    t += 1;
-                }
-                _ => match backtrack {
-                    Some((star, star_t)) => {
-                        p = star + 1;
-                        t = star_t + 1;
-                        backtrack = Some((star, star_t + 1));
-                    }
-                    None => return false,
-                },
-            }
+        if self.0.is_ascii() && text.is_ascii() {
+            matches_slice(self.0.as_bytes(), text.as_bytes(), b'*', b'?')
+        } else {
+            let pattern: Vec<char> = self.0.chars().collect();
+            let text: Vec<char> = text.chars().collect();
+            matches_slice(&pattern, &text, '*', '?')
         }
-        pattern[p..].iter().all(|&c| c == '*')
     }
+}
+
+fn matches_slice<T: Copy + PartialEq>(pattern: &[T], text: &[T], star: T, any: T) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(&c) if c == star => {
+                backtrack = Some((p, t));
+                p += 1;
+            }
+            Some(&c) if c == any || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match backtrack {
+                Some((star_at, star_t)) => {
+                    p = star_at + 1;
+                    t = star_t + 1;
+                    backtrack = Some((star_at, star_t + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == star)
 }
 
 #[cfg(test)]

@@ -117,10 +117,14 @@ pub fn admit(
             _ => kept.push(candidate),
         }
     }
+    let warnings = capped(warnings, "images not swapped");
     if !rejections.is_empty() {
         let message = match rejections.len() {
             1 => rejections.remove(0),
-            n => format!("{n} images cannot be admitted: {}", rejections.join("; ")),
+            n => format!(
+                "{n} images cannot be admitted: {}",
+                capped(rejections, "images").join("; ")
+            ),
         };
         return Outcome::Reject { message, warnings };
     }
@@ -147,6 +151,18 @@ pub fn admit(
     }
 }
 
+/// Kubernetes truncates long warning lists; past this many entries, the rest are counted.
+const LISTED_MAX: usize = 20;
+
+fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
+    if items.len() > LISTED_MAX {
+        let more = items.len() - LISTED_MAX;
+        items.truncate(LISTED_MAX);
+        items.push(format!("… and {more} more {what}"));
+    }
+    items
+}
+
 /// The containers to decide on, in lookup order. On update, only containers whose image
 /// changed, and ephemeral containers that were added: changing the image of a running container
 /// restarts it, so an update that did not touch an image must not touch it either.
@@ -159,9 +175,14 @@ fn candidates<'o>(object: &'o Value, old: Option<&'o Value>) -> Vec<Candidate<'o
         else {
             continue;
         };
-        let old_containers = old
+        // Name to image in the old Pod, so that the comparison stays linear in the containers.
+        let old_images: BTreeMap<&str, &str> = old
             .and_then(|old| old.pointer(&format!("/spec/{list}")))
-            .and_then(Value::as_array);
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|o| Some((o.get("name")?.as_str()?, o.get("image")?.as_str()?)))
+            .collect();
         for (index, container) in containers.iter().enumerate() {
             let name = container
                 .get("name")
@@ -170,14 +191,7 @@ fn candidates<'o>(object: &'o Value, old: Option<&'o Value>) -> Vec<Candidate<'o
             let Some(image) = container.get("image").and_then(Value::as_str) else {
                 continue;
             };
-            let unchanged = old.is_some()
-                && old_containers.is_some_and(|olds| {
-                    olds.iter().any(|o| {
-                        o.get("name").and_then(Value::as_str) == Some(name)
-                            && o.get("image").and_then(Value::as_str) == Some(image)
-                    })
-                });
-            if !unchanged {
+            if old.is_none() || old_images.get(name) != Some(&image) {
                 candidates.push(Candidate {
                     list,
                     index,
@@ -637,6 +651,49 @@ mod tests {
             panic!("expected accept, got {outcome:?}")
         };
         assert_eq!(warnings.len(), 1, "{warnings:?}");
+    }
+
+    #[test]
+    fn many_kept_images_give_a_bounded_list_of_warnings() {
+        let containers: Vec<Value> = (0..50)
+            .map(|i| json!({"name": format!("c{i}"), "image": format!("nginx:missing-{i}")}))
+            .collect();
+        let object = pod(json!({ "containers": containers }));
+        let outcome = admit(
+            &request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        );
+        let Outcome::Accept { warnings } = outcome else {
+            panic!("expected accept, got {outcome:?}")
+        };
+        assert_eq!(warnings.len(), LISTED_MAX + 1);
+        assert_eq!(warnings[LISTED_MAX], "… and 30 more images not swapped");
+    }
+
+    #[test]
+    fn update_compares_containers_by_name() {
+        let old = pod(
+            json!({"imagePullSecrets": [{"name": "mirror-pull"}], "containers": [
+                {"name": "a", "image": "nginx:1.27"}, {"name": "b", "image": "quay.io/argoproj/argocd:v2"}
+            ]}),
+        );
+        let mut new = old.clone();
+        // Reordered, and b's image now equals a's old one: only b changed.
+        new["spec"]["containers"] = json!([
+            {"name": "b", "image": "nginx:1.27"}, {"name": "a", "image": "nginx:1.27"}
+        ]);
+        let mut registry = registry();
+        let pod = mutated(admit(
+            &request("UPDATE", "", new, old),
+            &policy_from(SETTINGS),
+            &mut registry,
+        ));
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            format!("{NGINX}@{DIGEST_A}")
+        );
+        assert_eq!(pod["spec"]["containers"][1]["image"], "nginx:1.27");
     }
 
     #[test]
