@@ -53,9 +53,12 @@ FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := reference settings validate
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
-	cd fuzz && for target in $(FUZZ_TARGETS); do \
+	@cd fuzz && for target in $(FUZZ_TARGETS); do \
+	  echo "fuzz: $$target for $(FUZZ_SECONDS) s (log: fuzz/$$target.log)"; \
 	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --sanitizer none $$target -- \
-	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; \
+	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 > $$target.log 2>&1 \
+	    || { tail -n 60 $$target.log; exit 1; }; \
+	  grep -E '^(#[0-9]+ +DONE|Done )' $$target.log; \
 	done
 
 check-kwctl:

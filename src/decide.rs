@@ -115,7 +115,7 @@ fn decide_mirror(
 ) -> Decision {
     let repository = &destination.repository;
     let tagged = match reference.tag() {
-        Some(tag) => format!("{repository}:{tag}"),
+        Some(tag) => joined(repository, ':', tag),
         None => repository.clone(),
     };
     let pull_secret = destination.pull_secret.map(str::to_string);
@@ -125,13 +125,13 @@ fn decide_mirror(
         warning: None,
     };
     match (policy.swap_policy, reference.digest()) {
-        (SwapPolicy::Always, Some(digest)) => swap(format!("{tagged}@{digest}")),
+        (SwapPolicy::Always, Some(digest)) => swap(joined(&tagged, '@', digest)),
         (SwapPolicy::Always, None) => swap(tagged),
         // The digest names the content: the mirror must serve exactly it.
         (SwapPolicy::Exists, Some(digest)) => {
-            let lookup = format!("{repository}@{digest}");
+            let lookup = joined(repository, '@', digest);
             match verified_digest(registry, &lookup) {
-                Ok(answer) if answer == digest => swap(format!("{tagged}@{digest}")),
+                Ok(answer) if answer == digest => swap(joined(&tagged, '@', digest)),
                 Ok(answer) => fallback(
                     policy.on_lookup_error,
                     image,
@@ -148,7 +148,7 @@ fn decide_mirror(
                 Err(error) => return lookup_fallback(policy, image, &tagged, error),
             };
             let warning = if policy.verify_source {
-                let mirror = format!("{repository}@{mirror_digest}");
+                let mirror = joined(repository, '@', &mirror_digest);
                 match check_source(
                     reference,
                     &mirror,
@@ -184,7 +184,7 @@ fn decide_mirror(
                 None
             };
             let image = if policy.pin_digest {
-                format!("{tagged}@{mirror_digest}")
+                joined(&tagged, '@', &mirror_digest)
             } else {
                 tagged
             };
@@ -313,12 +313,25 @@ fn mirror_covers(
     }
 }
 
+/// `left` `separator` `right`, without the formatting machinery: this runs for every image.
+fn joined(left: &str, separator: char, right: &str) -> String {
+    let mut text = String::with_capacity(left.len() + 1 + right.len());
+    text.push_str(left);
+    text.push(separator);
+    text.push_str(right);
+    text
+}
+
 /// A digest the host answered, checked to be a digest: a malformed answer verifies nothing.
 fn verified_digest(registry: &mut impl Registry, image: &str) -> Result<String, LookupError> {
     let answer = registry.manifest_digest(image)?;
-    parse_digest(&answer).map_err(|error| {
-        LookupError::Failed(format!("the host answered {}: {error}", quote(&answer)))
-    })
+    match parse_digest(&answer) {
+        Ok(_) => Ok(answer),
+        Err(error) => Err(LookupError::Failed(format!(
+            "the host answered {}: {error}",
+            quote(&answer)
+        ))),
+    }
 }
 
 fn lookup_fallback(policy: &Policy, image: &str, lookup: &str, error: LookupError) -> Decision {

@@ -46,7 +46,7 @@ fn validate(payload: &[u8]) -> CallResult {
         }
     };
     respond(pod::admit(
-        &request.request,
+        request.request,
         &policy,
         &mut host::KubewardenHost,
     ))

@@ -57,8 +57,30 @@ struct Candidate<'o> {
     image: &'o str,
 }
 
+/// A container image this admission rewrites.
+struct Swap {
+    list: &'static str,
+    index: usize,
+    name: String,
+    original: String,
+    image: String,
+    pull_secret: Option<String>,
+}
+
+/// What the decisions say of the candidates.
+#[derive(Default)]
+struct Verdicts {
+    swaps: Vec<Swap>,
+    /// Names of containers whose new image is not swapped (their annotation entry is stale).
+    kept: Vec<String>,
+    warnings: Vec<String>,
+    rejections: Vec<String>,
+}
+
+/// Takes the request by value: the mutated Pod is the request's own object, changed in place,
+/// so a large Pod is neither copied nor compared.
 pub fn admit(
-    request: &KubernetesAdmissionRequest,
+    mut request: KubernetesAdmissionRequest,
     policy: &Policy,
     registry: &mut impl Registry,
 ) -> Outcome {
@@ -78,46 +100,14 @@ pub fn admit(
         Operation::Create => None,
         _ => Some(&request.old_object),
     };
+    let existing_secrets = pull_secret_names(&request.object);
     let candidates = candidates(&request.object, old);
     if candidates.is_empty() {
         return accept;
     }
-    let existing_secrets = pull_secret_names(&request.object);
-    let mut registry = LookOnce::new(registry);
-    let mut decisions: BTreeMap<&str, Decision> = BTreeMap::new();
-    let mut swaps: Vec<(&Candidate<'_>, String, Option<String>)> = Vec::new();
-    let mut kept: Vec<&Candidate<'_>> = Vec::new();
-    let mut warnings = Vec::new();
-    let mut rejections = Vec::new();
-    for candidate in &candidates {
-        let decision = match decisions.get(candidate.image) {
-            Some(decision) => decision.clone(),
-            None => {
-                let decision = decide(candidate.image, policy, &mut registry);
-                let decision =
-                    check_pull_secret(decision, candidate.image, operation, &existing_secrets);
-                match &decision {
-                    Decision::Keep { warning }
-                    | Decision::Swap {
-                        warning: Some(warning),
-                        ..
-                    } => warnings.push(warning.clone()),
-                    Decision::Reject { message } => rejections.push(message.clone()),
-                    _ => {}
-                }
-                decisions.insert(candidate.image, decision.clone());
-                decision
-            }
-        };
-        match decision {
-            Decision::Swap {
-                image, pull_secret, ..
-            } if image != candidate.image => swaps.push((candidate, image, pull_secret)),
-            Decision::AlreadySwapped => {}
-            _ => kept.push(candidate),
-        }
-    }
-    let warnings = capped(warnings, "images not swapped");
+    let verdicts = decide_all(&candidates, operation, &existing_secrets, policy, registry);
+    let warnings = capped(verdicts.warnings, "images not swapped");
+    let mut rejections = verdicts.rejections;
     if !rejections.is_empty() {
         let message = match rejections.len() {
             1 => rejections.remove(0),
@@ -128,27 +118,93 @@ pub fn admit(
         };
         return Outcome::Reject { message, warnings };
     }
-    let mut object = request.object.clone();
-    for (candidate, image, _) in &swaps {
-        if let Some(slot) = object
-            .pointer_mut(&format!("/spec/{}/{}", candidate.list, candidate.index))
-            .and_then(Value::as_object_mut)
-        {
-            slot.insert("image".to_string(), Value::String(image.clone()));
+    let mut object = std::mem::take(&mut request.object);
+    let mut changed = false;
+    for swap in &verdicts.swaps {
+        if let Some(container) = container_mut(&mut object, swap.list, swap.index) {
+            container.insert("image".to_string(), Value::String(swap.image.clone()));
+            changed = true;
         }
     }
     if operation.may_change_metadata() {
-        record_original_images(&mut object, &swaps, &kept);
+        changed |= record_original_images(&mut object, &verdicts.swaps, &verdicts.kept);
     }
     if operation == Operation::Create {
-        let secrets = swaps.iter().filter_map(|(_, _, secret)| secret.as_deref());
-        add_pull_secrets(&mut object, secrets, &existing_secrets);
+        let secrets = verdicts
+            .swaps
+            .iter()
+            .filter_map(|s| s.pull_secret.as_deref());
+        changed |= add_pull_secrets(&mut object, secrets, &existing_secrets);
     }
-    if object == request.object {
-        Outcome::Accept { warnings }
-    } else {
+    if changed {
         Outcome::Mutate { object, warnings }
+    } else {
+        Outcome::Accept { warnings }
     }
+}
+
+/// One decision per distinct image, in container order, and what it means for each container.
+fn decide_all(
+    candidates: &[Candidate<'_>],
+    operation: Operation,
+    existing_secrets: &[String],
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Verdicts {
+    let mut registry = LookOnce::new(registry);
+    let mut decisions: BTreeMap<&str, Decision> = BTreeMap::new();
+    let mut verdicts = Verdicts::default();
+    for candidate in candidates {
+        let decision = match decisions.get(candidate.image) {
+            Some(decision) => decision,
+            None => {
+                let decision = decide(candidate.image, policy, &mut registry);
+                let decision =
+                    check_pull_secret(decision, candidate.image, operation, existing_secrets);
+                match &decision {
+                    Decision::Keep { warning }
+                    | Decision::Swap {
+                        warning: Some(warning),
+                        ..
+                    } => verdicts.warnings.push(warning.clone()),
+                    Decision::Reject { message } => verdicts.rejections.push(message.clone()),
+                    _ => {}
+                }
+                decisions.entry(candidate.image).or_insert(decision)
+            }
+        };
+        match decision {
+            Decision::Swap {
+                image, pull_secret, ..
+            } if image != candidate.image => verdicts.swaps.push(Swap {
+                list: candidate.list,
+                index: candidate.index,
+                name: candidate.name.to_string(),
+                original: candidate.image.to_string(),
+                image: image.clone(),
+                pull_secret: pull_secret.clone(),
+            }),
+            Decision::AlreadySwapped => {}
+            _ => verdicts.kept.push(candidate.name.to_string()),
+        }
+    }
+    verdicts
+}
+
+fn container_list<'v>(object: &'v Value, list: &str) -> Option<&'v Vec<Value>> {
+    object.get("spec")?.get(list)?.as_array()
+}
+
+fn container_mut<'v>(
+    object: &'v mut Value,
+    list: &str,
+    index: usize,
+) -> Option<&'v mut Map<String, Value>> {
+    object
+        .get_mut("spec")?
+        .get_mut(list)?
+        .get_mut(index)?
+        .as_object_mut()
 }
 
 /// Kubernetes truncates long warning lists; past this many entries, the rest are counted.
@@ -169,16 +225,12 @@ fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
 fn candidates<'o>(object: &'o Value, old: Option<&'o Value>) -> Vec<Candidate<'o>> {
     let mut candidates = Vec::new();
     for list in CONTAINER_LISTS {
-        let Some(containers) = object
-            .pointer(&format!("/spec/{list}"))
-            .and_then(Value::as_array)
-        else {
+        let Some(containers) = container_list(object, list) else {
             continue;
         };
         // Name to image in the old Pod, so that the comparison stays linear in the containers.
         let old_images: BTreeMap<&str, &str> = old
-            .and_then(|old| old.pointer(&format!("/spec/{list}")))
-            .and_then(Value::as_array)
+            .and_then(|old| container_list(old, list))
             .into_iter()
             .flatten()
             .filter_map(|o| Some((o.get("name")?.as_str()?, o.get("image")?.as_str()?)))
@@ -230,7 +282,8 @@ fn check_pull_secret(
 
 fn pull_secret_names(object: &Value) -> Vec<String> {
     object
-        .pointer("/spec/imagePullSecrets")
+        .get("spec")
+        .and_then(|spec| spec.get("imagePullSecrets"))
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -243,11 +296,12 @@ fn pull_secret_names(object: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Appends the secrets the Pod lacks, once each; says whether it changed the Pod.
 fn add_pull_secrets<'s>(
     object: &mut Value,
     secrets: impl Iterator<Item = &'s str>,
     existing: &[String],
-) {
+) -> bool {
     let mut added: Vec<&str> = Vec::new();
     for secret in secrets {
         if !existing.iter().any(|e| e == secret) && !added.contains(&secret) {
@@ -255,10 +309,10 @@ fn add_pull_secrets<'s>(
         }
     }
     let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
-        return;
+        return false;
     };
     if added.is_empty() {
-        return;
+        return false;
     }
     let list = spec
         .entry("imagePullSecrets")
@@ -266,76 +320,76 @@ fn add_pull_secrets<'s>(
     if !list.is_array() {
         *list = Value::Array(Vec::new());
     }
-    if let Some(list) = list.as_array_mut() {
-        list.extend(
-            added
-                .into_iter()
-                .map(|name| serde_json::json!({ "name": name })),
-        );
-    }
+    let Some(list) = list.as_array_mut() else {
+        return false;
+    };
+    list.extend(
+        added
+            .into_iter()
+            .map(|name| serde_json::json!({ "name": name })),
+    );
+    true
 }
 
 /// Merges into the annotation: swapped containers get their original image; containers whose
 /// new image was not swapped lose a stale entry; the annotation goes when no entry is left.
-fn record_original_images(
-    object: &mut Value,
-    swaps: &[(&Candidate<'_>, String, Option<String>)],
-    kept: &[&Candidate<'_>],
-) {
-    let Some(metadata) = object.as_object_mut().map(|o| {
-        o.entry("metadata")
-            .or_insert_with(|| Value::Object(Map::new()))
-    }) else {
-        return;
-    };
-    let Some(metadata) = metadata.as_object_mut() else {
-        return;
-    };
-    let current = metadata
-        .get("annotations")
+fn record_original_images(object: &mut Value, swaps: &[Swap], kept: &[String]) -> bool {
+    let current = object
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
         .and_then(|a| a.get(ORIGINAL_IMAGES_ANNOTATION))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let mut originals: Map<String, Value> = current
-        .as_deref()
-        .and_then(|text| serde_json::from_str::<Map<String, Value>>(text).ok())
+        .and_then(Value::as_str);
+    if current.is_none() && swaps.is_empty() {
+        return false;
+    }
+    // Borrowed keys and values: only the final JSON text is allocated.
+    let existing: BTreeMap<String, String> = current
+        .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or_default();
-    for (candidate, _, _) in swaps {
-        originals.insert(
-            candidate.name.to_string(),
-            Value::String(candidate.image.to_string()),
-        );
+    let mut originals: BTreeMap<&str, &str> = existing
+        .iter()
+        .map(|(name, image)| (name.as_str(), image.as_str()))
+        .collect();
+    for swap in swaps {
+        originals.insert(&swap.name, &swap.original);
     }
-    for candidate in kept {
-        originals.remove(candidate.name);
+    for name in kept {
+        originals.remove(name.as_str());
     }
-    if originals.is_empty() {
-        if let (Some(_), Some(annotations)) = (
-            &current,
-            metadata
-                .get_mut("annotations")
-                .and_then(Value::as_object_mut),
-        ) {
-            annotations.remove(ORIGINAL_IMAGES_ANNOTATION);
-        }
-        return;
+    let updated =
+        (!originals.is_empty()).then(|| serde_json::to_string(&originals).unwrap_or_default());
+    if updated.as_deref() == current {
+        return false;
     }
-    let updated = Value::Object(originals).to_string();
-    if current.as_deref() == Some(updated.as_str()) {
-        return;
+    let Some(object) = object.as_object_mut() else {
+        return false;
+    };
+    let metadata = object
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !metadata.is_object() {
+        *metadata = Value::Object(Map::new());
     }
+    let Some(metadata) = metadata.as_object_mut() else {
+        return false;
+    };
     let annotations = metadata
         .entry("annotations")
         .or_insert_with(|| Value::Object(Map::new()));
     if !annotations.is_object() {
         *annotations = Value::Object(Map::new());
     }
-    if let Some(annotations) = annotations.as_object_mut() {
-        annotations.insert(
+    let Some(annotations) = annotations.as_object_mut() else {
+        return false;
+    };
+    match updated {
+        Some(updated) => annotations.insert(
             ORIGINAL_IMAGES_ANNOTATION.to_string(),
             Value::String(updated),
-        );
-    }
+        ),
+        None => annotations.remove(ORIGINAL_IMAGES_ANNOTATION),
+    };
+    true
 }
 
 /// Asks the registry once per distinct lookup per admission, however many containers or
@@ -433,7 +487,7 @@ mod tests {
         }));
         let mut registry = registry();
         let pod = mutated(admit(
-            &request("CREATE", "", object, Value::Null),
+            request("CREATE", "", object, Value::Null),
             &policy_from(SETTINGS),
             &mut registry,
         ));
@@ -478,7 +532,7 @@ mod tests {
             "containers": [{"name": "web", "image": "nginx:1.27", "newContainerField": true}],
         }));
         let pod = mutated(admit(
-            &request("CREATE", "", object, Value::Null),
+            request("CREATE", "", object, Value::Null),
             &policy_from(SETTINGS),
             &mut registry(),
         ));
@@ -498,13 +552,13 @@ mod tests {
         let object = pod(json!({"containers": [{"name": "web", "image": "nginx:1.27"}]}));
         let policy = policy_from(SETTINGS);
         let once = mutated(admit(
-            &request("CREATE", "", object, Value::Null),
+            request("CREATE", "", object, Value::Null),
             &policy,
             &mut registry(),
         ));
         let mut registry = registry();
         let twice = admit(
-            &request("CREATE", "", once, Value::Null),
+            request("CREATE", "", once, Value::Null),
             &policy,
             &mut registry,
         );
@@ -519,7 +573,7 @@ mod tests {
         new["metadata"]["labels"] = json!({"a": "b"});
         let mut registry = registry();
         let outcome = admit(
-            &request("UPDATE", "", new, old),
+            request("UPDATE", "", new, old),
             &policy_from(SETTINGS),
             &mut registry,
         );
@@ -537,7 +591,7 @@ mod tests {
         new["spec"]["containers"][0]["image"] = json!("nginx:1.27");
         let mut registry = registry();
         let pod = mutated(admit(
-            &request("UPDATE", "", new, old),
+            request("UPDATE", "", new, old),
             &policy_from(SETTINGS),
             &mut registry,
         ));
@@ -558,7 +612,7 @@ mod tests {
         let mut new = old.clone();
         new["spec"]["containers"][0]["image"] = json!("nginx:1.27");
         let outcome = admit(
-            &request("UPDATE", "", new, old),
+            request("UPDATE", "", new, old),
             &policy_from(SETTINGS),
             &mut registry(),
         );
@@ -580,7 +634,7 @@ mod tests {
             json!([{"name": "debug", "image": "quay.io/argoproj/argocd:v2"}]);
         let mut registry = registry();
         let pod = mutated(admit(
-            &request("UPDATE", "ephemeralcontainers", new, old),
+            request("UPDATE", "ephemeralcontainers", new, old),
             &policy_from(SETTINGS),
             &mut registry,
         ));
@@ -605,7 +659,7 @@ mod tests {
             {"name": "a", "image": "nginx:missing"}, {"name": "b", "image": "quay.io/x/gone:1"}, {"name": "c", "image": "nginx:1.27"}
         ]}));
         let outcome = admit(
-            &request("CREATE", "", object, Value::Null),
+            request("CREATE", "", object, Value::Null),
             &policy,
             &mut registry(),
         );
@@ -630,7 +684,7 @@ mod tests {
         let mut registry = registry();
         for request in [deployment, delete, status] {
             assert_eq!(
-                admit(&request, &policy_from(SETTINGS), &mut registry),
+                admit(request, &policy_from(SETTINGS), &mut registry),
                 Outcome::Accept { warnings: vec![] }
             );
         }
@@ -643,7 +697,7 @@ mod tests {
             {"name": "a", "image": "nginx:missing"}, {"name": "b", "image": "nginx:missing"}
         ]}));
         let outcome = admit(
-            &request("CREATE", "", object, Value::Null),
+            request("CREATE", "", object, Value::Null),
             &policy_from(SETTINGS),
             &mut registry(),
         );
@@ -660,7 +714,7 @@ mod tests {
             .collect();
         let object = pod(json!({ "containers": containers }));
         let outcome = admit(
-            &request("CREATE", "", object, Value::Null),
+            request("CREATE", "", object, Value::Null),
             &policy_from(SETTINGS),
             &mut registry(),
         );
@@ -685,7 +739,7 @@ mod tests {
         ]);
         let mut registry = registry();
         let pod = mutated(admit(
-            &request("UPDATE", "", new, old),
+            request("UPDATE", "", new, old),
             &policy_from(SETTINGS),
             &mut registry,
         ));
@@ -706,7 +760,7 @@ mod tests {
             json!({"spec": {"containers": [null, 1, {"image": 5}, {"name": "no-image"}]}}),
         ] {
             let outcome = admit(
-                &request("CREATE", "", object, Value::Null),
+                request("CREATE", "", object, Value::Null),
                 &policy,
                 &mut registry(),
             );

@@ -29,12 +29,17 @@ pub const NAME_MAX_LEN: usize = 255;
 const TAG_MAX_LEN: usize = 128;
 
 /// A normalised image reference: `nginx` is `docker.io/library/nginx:latest`.
+///
+/// One string holds the whole normalised reference and the parts are slices of it, so that
+/// rule matching and messages need no further allocation or formatting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reference {
-    domain: String,
-    path: String,
-    tag: Option<String>,
-    digest: Option<String>,
+    /// `domain/path[:tag][@digest]`.
+    text: String,
+    domain_end: usize,
+    name_end: usize,
+    /// Where `:tag` ends (`name_end` when there is no tag).
+    tag_end: usize,
 }
 
 /// Why an image string is not a reference a container runtime would pull.
@@ -93,62 +98,80 @@ impl Reference {
         if !is_name(name) {
             return Err(ParseError::InvalidFormat);
         }
-        let (domain, path) = split_domain(name);
-        let reference = Reference {
-            domain: domain.to_string(),
-            path,
-            tag: match (tag, &digest) {
-                (None, None) => Some(DEFAULT_TAG.to_string()),
-                (tag, _) => tag.map(str::to_string),
-            },
-            digest,
+        let (domain, official, path) = split_domain(name);
+        let tag = match (tag, &digest) {
+            (None, None) => Some(DEFAULT_TAG),
+            (tag, _) => tag,
         };
-        if reference.domain.len() + 1 + reference.path.len() > NAME_MAX_LEN {
+        let mut text = String::with_capacity(input.len() + 24);
+        text.push_str(domain);
+        let domain_end = text.len();
+        text.push('/');
+        if official {
+            text.push_str(DOCKER_HUB_OFFICIAL);
+            text.push('/');
+        }
+        text.push_str(path);
+        let name_end = text.len();
+        if name_end > NAME_MAX_LEN {
             return Err(ParseError::NameTooLong);
         }
-        Ok(reference)
+        if let Some(tag) = tag {
+            text.push(':');
+            text.push_str(tag);
+        }
+        let tag_end = text.len();
+        if let Some(digest) = digest {
+            text.push('@');
+            text.push_str(digest);
+        }
+        Ok(Reference {
+            text,
+            domain_end,
+            name_end,
+            tag_end,
+        })
     }
 
     /// The registry host, with its port when it has one.
     pub fn domain(&self) -> &str {
-        &self.domain
+        &self.text[..self.domain_end]
     }
 
     /// The repository path inside the registry, e.g. `library/nginx`.
     pub fn path(&self) -> &str {
-        &self.path
+        &self.text[self.domain_end + 1..self.name_end]
     }
 
     pub fn tag(&self) -> Option<&str> {
-        self.tag.as_deref()
+        self.text.get(self.name_end + 1..self.tag_end)
     }
 
     pub fn digest(&self) -> Option<&str> {
-        self.digest.as_deref()
+        self.text.get(self.tag_end + 1..)
     }
 
     /// `domain/path`: what mirror rules match on.
-    pub fn name(&self) -> String {
-        format!("{}/{}", self.domain, self.path)
+    pub fn name(&self) -> &str {
+        &self.text[..self.name_end]
+    }
+
+    /// The whole normalised reference, as `Display` writes it.
+    pub fn as_str(&self) -> &str {
+        &self.text
     }
 }
 
 impl fmt::Display for Reference {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.domain, self.path)?;
-        if let Some(tag) = &self.tag {
-            write!(f, ":{tag}")?;
-        }
-        if let Some(digest) = &self.digest {
-            write!(f, "@{digest}")?;
-        }
-        Ok(())
+        f.write_str(&self.text)
     }
 }
 
 /// distribution's `splitDockerDomain`: the first segment is a registry host when it has a '.' or
 /// a ':', is `localhost`, or has an upper-case letter (a repository path never does).
-fn split_domain(name: &str) -> (&str, String) {
+/// Returns the domain, whether Docker Hub's `library/` goes before the path, and the path.
+fn split_domain(name: &str) -> (&str, bool, &str) {
     let (domain, remainder) = match name.split_once('/') {
         Some((first, rest))
             if first.contains(['.', ':'])
@@ -164,15 +187,15 @@ fn split_domain(name: &str) -> (&str, String) {
     } else {
         domain
     };
-    if domain == DOCKER_HUB && !remainder.contains('/') {
-        (domain, format!("{DOCKER_HUB_OFFICIAL}/{remainder}"))
-    } else {
-        (domain, remainder.to_string())
-    }
+    (
+        domain,
+        domain == DOCKER_HUB && !remainder.contains('/'),
+        remainder,
+    )
 }
 
 /// Checks a digest (`algorithm:hex`) and returns it unchanged.
-pub fn parse_digest(digest: &str) -> Result<String, ParseError> {
+pub fn parse_digest(digest: &str) -> Result<&str, ParseError> {
     let (algorithm, hex) = digest.split_once(':').ok_or(ParseError::DigestInvalid)?;
     if !is_digest_algorithm(algorithm)
         || hex.len() < 32
@@ -189,7 +212,7 @@ pub fn parse_digest(digest: &str) -> Result<String, ParseError> {
     if hex.len() != expected_len {
         return Err(ParseError::DigestLength);
     }
-    Ok(digest.to_string())
+    Ok(digest)
 }
 
 /// `[A-Za-z][A-Za-z0-9]*` components joined by one of `-_+.`.
@@ -223,13 +246,12 @@ fn is_tag(tag: &str) -> bool {
 
 /// `[domain "/"] path-component *("/" path-component)`.
 fn is_name(name: &str) -> bool {
-    let mut segments = name.split('/');
-    let Some(first) = segments.next() else {
-        return false;
+    let (first, rest) = match name.split_once('/') {
+        Some((first, rest)) => (first, Some(rest)),
+        None => (name, None),
     };
-    let rest: Vec<&str> = segments.collect();
-    rest.iter().all(|s| is_path_component(s))
-        && (is_path_component(first) || (!rest.is_empty() && is_domain(first)))
+    rest.is_none_or(|rest| rest.split('/').all(is_path_component))
+        && (is_path_component(first) || (rest.is_some() && is_domain(first)))
 }
 
 /// `[a-z0-9]+ *(separator [a-z0-9]+)` where a separator is `.`, `_`, `__` or a run of `-`.
@@ -359,9 +381,28 @@ mod tests {
                 "quay.io",
                 "argoproj/argocd",
                 Some("v2"),
-                "quay.io/argoproj/argocd".to_string()
+                "quay.io/argoproj/argocd"
             )
         );
+    }
+
+    #[test]
+    fn parts_are_slices_of_the_normalised_reference() {
+        let reference = Reference::parse(&format!("localhost:5000/a/b:t@{D}")).expect("valid");
+        assert_eq!(
+            (
+                reference.domain(),
+                reference.path(),
+                reference.tag(),
+                reference.digest()
+            ),
+            ("localhost:5000", "a/b", Some("t"), Some(D))
+        );
+        let digest_only = Reference::parse(&format!("nginx@{D}")).expect("valid");
+        assert_eq!((digest_only.tag(), digest_only.digest()), (None, Some(D)));
+        assert_eq!(digest_only.name(), "docker.io/library/nginx");
+        let tag_only = Reference::parse("nginx").expect("valid");
+        assert_eq!((tag_only.tag(), tag_only.digest()), (Some("latest"), None));
     }
 
     /// `oci-spec`'s regular-expression parser diverges from the runtimes on these inputs; the

@@ -32,11 +32,13 @@ impl Prefix {
     }
 
     fn join(&self, rest: &str) -> String {
-        if rest.is_empty() {
-            self.0.clone()
-        } else {
-            format!("{}/{rest}", self.0)
+        let mut joined = String::with_capacity(self.0.len() + 1 + rest.len());
+        joined.push_str(&self.0);
+        if !rest.is_empty() {
+            joined.push('/');
+            joined.push_str(rest);
         }
+        joined
     }
 }
 
@@ -61,7 +63,7 @@ pub enum Route<'p> {
     AlreadySwapped,
     /// A rule matched, but the mirror repository it names is not a valid name.
     Unroutable {
-        rule: String,
+        rule: RuleName,
         reason: String,
     },
     Mirror(Destination<'p>),
@@ -72,8 +74,23 @@ pub struct Destination<'p> {
     /// The mirror repository, without tag or digest.
     pub repository: String,
     pub pull_secret: Option<&'p str>,
-    /// `mirrors[i]` or `defaultMirror`, for messages.
-    pub rule: String,
+    pub rule: RuleName,
+}
+
+/// Which setting routed an image, named only when a message needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleName {
+    Mirror(usize),
+    DefaultMirror,
+}
+
+impl std::fmt::Display for RuleName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuleName::Mirror(index) => write!(f, "mirrors[{index}]"),
+            RuleName::DefaultMirror => f.write_str("defaultMirror"),
+        }
+    }
 }
 
 impl Policy {
@@ -82,30 +99,33 @@ impl Policy {
         if self
             .targets
             .iter()
-            .any(|target| target.strip_from(&name).is_some())
+            .any(|target| target.strip_from(name).is_some())
         {
             return Route::AlreadySwapped;
         }
-        let normalised = reference.to_string();
-        if let Some(glob) = self.exclude.iter().find(|glob| glob.matches(&normalised)) {
+        if let Some(glob) = self
+            .exclude
+            .iter()
+            .find(|glob| glob.matches(reference.as_str()))
+        {
             return Route::Excluded(glob);
         }
         let matched = self
             .rules
             .iter()
-            .find_map(|rule| Some((rule, rule.source.strip_from(&name)?)));
+            .find_map(|rule| Some((rule, rule.source.strip_from(name)?)));
         let (repository, pull_secret, rule) = match (matched, &self.default_mirror) {
             (Some((rule, rest)), _) => (
                 rule.target.join(rest),
                 rule.pull_secret.as_deref(),
-                format!("mirrors[{}]", rule.index),
+                RuleName::Mirror(rule.index),
             ),
             (None, Some(registry)) => {
                 // k8s-image-swapper's layout keeps the source host as a path segment, which a
                 // host with a port or upper-case letters cannot be.
                 if !is_path_component(reference.domain()) {
                     return Route::Unroutable {
-                        rule: "defaultMirror".to_string(),
+                        rule: RuleName::DefaultMirror,
                         reason: format!(
                             "registry host {:?} cannot be a repository path segment under {:?}",
                             reference.domain(),
@@ -113,7 +133,7 @@ impl Policy {
                         ),
                     };
                 }
-                (registry.join(&name), None, "defaultMirror".to_string())
+                (registry.join(name), None, RuleName::DefaultMirror)
             }
             (None, None) => return Route::NotMatched,
         };
