@@ -133,19 +133,20 @@ fn decide_mirror(
             match verified_digest(registry, &lookup) {
                 Ok(answer) if answer == digest => swap(joined(&tagged, '@', digest)),
                 Ok(answer) => fallback(
-                    policy.on_lookup_error,
+                    policy,
                     image,
                     &lookup,
-                    &format!("could not verify it: the mirror answered digest {answer} for it"),
-                    "onLookupError",
+                    Failure::LookupError(format!(
+                        "could not verify it: the mirror answered digest {answer} for it"
+                    )),
                 ),
-                Err(error) => lookup_fallback(policy, image, &lookup, error),
+                Err(error) => fallback(policy, image, &lookup, error.into()),
             }
         }
         (SwapPolicy::Exists, None) => {
             let mirror_digest = match verified_digest(registry, &tagged) {
                 Ok(digest) => digest,
-                Err(error) => return lookup_fallback(policy, image, &tagged, error),
+                Err(error) => return fallback(policy, image, &tagged, error.into()),
             };
             let warning = if policy.verify_source {
                 let mirror = joined(repository, '@', &mirror_digest);
@@ -162,22 +163,14 @@ fn decide_mirror(
                         quote(image)
                     )),
                     SourceCheck::Stale(why) => {
-                        return fallback(
-                            policy.on_missing,
-                            image,
-                            &tagged,
-                            &format!("the mirror copy is stale: {why}"),
-                            "onMissing",
-                        );
+                        let failure = Failure::Missing(format!("the mirror copy is stale: {why}"));
+                        return fallback(policy, image, &tagged, failure);
                     }
                     SourceCheck::Failed(why) => {
-                        return fallback(
-                            policy.on_lookup_error,
-                            image,
-                            &tagged,
-                            &format!("could not compare it with the source ({why})"),
-                            "onLookupError",
-                        );
+                        let failure = Failure::LookupError(format!(
+                            "could not compare it with the source ({why})"
+                        ));
+                        return fallback(policy, image, &tagged, failure);
                     }
                 }
             } else {
@@ -334,26 +327,32 @@ fn verified_digest(registry: &mut impl Registry, image: &str) -> Result<String, 
     }
 }
 
-fn lookup_fallback(policy: &Policy, image: &str, lookup: &str, error: LookupError) -> Decision {
-    match error {
-        LookupError::Absent(why) => fallback(
-            policy.on_missing,
-            image,
-            lookup,
-            &format!("the mirror does not have it ({why})"),
-            "onMissing",
-        ),
-        LookupError::Failed(why) => fallback(
-            policy.on_lookup_error,
-            image,
-            lookup,
-            &format!("could not look it up ({why})"),
-            "onLookupError",
-        ),
+/// Why the mirror cannot be used, and so which setting decides.
+enum Failure {
+    /// `onMissing`: the mirror lacks the image, or holds a stale copy.
+    Missing(String),
+    /// `onLookupError`: the answer could not be had or could not be trusted.
+    LookupError(String),
+}
+
+impl From<LookupError> for Failure {
+    fn from(error: LookupError) -> Self {
+        match error {
+            LookupError::Absent(why) => {
+                Failure::Missing(format!("the mirror does not have it ({why})"))
+            }
+            LookupError::Failed(why) => {
+                Failure::LookupError(format!("could not look it up ({why})"))
+            }
+        }
     }
 }
 
-fn fallback(action: Fallback, image: &str, lookup: &str, reason: &str, setting: &str) -> Decision {
+fn fallback(policy: &Policy, image: &str, lookup: &str, failure: Failure) -> Decision {
+    let (action, setting, reason) = match failure {
+        Failure::Missing(reason) => (policy.on_missing, "onMissing", reason),
+        Failure::LookupError(reason) => (policy.on_lookup_error, "onLookupError", reason),
+    };
     match action {
         Fallback::Keep => Decision::Keep {
             warning: format!(

@@ -361,25 +361,11 @@ fn record_original_images(object: &mut Value, swaps: &[Swap], kept: &[String]) -
     if updated.as_deref() == current {
         return false;
     }
-    let Some(object) = object.as_object_mut() else {
-        return false;
-    };
-    let metadata = object
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !metadata.is_object() {
-        *metadata = Value::Object(Map::new());
-    }
-    let Some(metadata) = metadata.as_object_mut() else {
-        return false;
-    };
-    let annotations = metadata
-        .entry("annotations")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !annotations.is_object() {
-        *annotations = Value::Object(Map::new());
-    }
-    let Some(annotations) = annotations.as_object_mut() else {
+    let Some(annotations) = object
+        .as_object_mut()
+        .and_then(|pod| object_entry(pod, "metadata"))
+        .and_then(|metadata| object_entry(metadata, "annotations"))
+    else {
         return false;
     };
     match updated {
@@ -390,6 +376,18 @@ fn record_original_images(object: &mut Value, swaps: &[Swap], kept: &[String]) -
         None => annotations.remove(ORIGINAL_IMAGES_ANNOTATION),
     };
     true
+}
+
+/// The object under `key`, made an empty object when it is missing or not an object.
+fn object_entry<'m>(
+    map: &'m mut Map<String, Value>,
+    key: &str,
+) -> Option<&'m mut Map<String, Value>> {
+    let value = map.entry(key).or_insert_with(|| Value::Object(Map::new()));
+    if !value.is_object() {
+        *value = Value::Object(Map::new());
+    }
+    value.as_object_mut()
 }
 
 /// Asks the registry once per distinct lookup per admission, however many containers or

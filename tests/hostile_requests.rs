@@ -24,7 +24,11 @@ fn host() -> SharedHost {
 
 /// Calls `validate` and insists on an answer: a trap or a guest error fails the test.
 fn answer(request: &Value) -> Response {
-    let payload = json!({"settings": settings(), "request": request}).to_string();
+    answer_with(&settings(), request)
+}
+
+fn answer_with(settings: &Value, request: &Value) -> Response {
+    let payload = json!({"settings": settings, "request": request}).to_string();
     let evaluation = rig::policy().call("validate", payload.as_bytes(), host());
     match evaluation.result {
         Ok(bytes) => rig::parse_response(&bytes),
@@ -233,13 +237,7 @@ fn odd_annotations_and_pull_secrets_are_repaired_not_trusted() {
     });
     let mut settings = settings();
     settings["mirrors"][0]["pullSecret"] = json!("mirror-pull");
-    let payload = json!({"settings": settings, "request": request}).to_string();
-    let response = rig::parse_response(
-        &rig::policy()
-            .call("validate", payload.as_bytes(), host())
-            .result
-            .expect("answer"),
-    );
+    let response = answer_with(&settings, &request);
     let pod = response.mutated.as_ref().expect("swapped");
     assert_eq!(
         pod["spec"]["containers"][0]["image"],
