@@ -23,7 +23,7 @@ test: deps policy.wasm
 	$(CARGO) test --locked
 
 # The policy on examples/pod.json with examples/settings.yml; ARGS=--live asks a real registry.
-run: policy.wasm
+run: policy.wasm $(if $(findstring --live,$(ARGS)),deps)
 	$(CARGO) run --locked --quiet --example run -- $(ARGS)
 
 e2e-tests: annotated-policy.wasm

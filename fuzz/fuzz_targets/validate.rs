@@ -90,16 +90,16 @@ fuzz_target!(|data: &[u8]| {
     let Ok(policy) = Policy::from_settings(&request.settings) else {
         return;
     };
+    let before = images(&request.request.object);
     let mut registry = FuzzRegistry {
         script,
         calls: 0,
         answered: Vec::new(),
     };
-    let outcome = admit(&request.request, &policy, &mut registry);
+    let outcome = admit(request.request, &policy, &mut registry);
     let Outcome::Mutate { object, .. } = outcome else {
         return;
     };
-    let before = images(&request.request.object);
     for (path, after) in images(&object) {
         let Some((_, original)) = before.iter().find(|(p, _)| *p == path) else {
             panic!("{path} appeared");
