@@ -14,7 +14,7 @@ pub mod settings;
 use guest::prelude::*;
 use kubewarden_policy_sdk::request::ValidationRequest;
 use kubewarden_policy_sdk::response::ValidationResponse;
-use kubewarden_policy_sdk::settings::SettingsValidationResponse;
+use kubewarden_policy_sdk::settings::{SettingsValidationResponse, Validatable};
 use kubewarden_policy_sdk::wapc_guest as guest;
 use kubewarden_policy_sdk::{protocol_version_guest, reject_request};
 
@@ -55,8 +55,7 @@ fn validate(payload: &[u8]) -> CallResult {
 /// Answers `{"valid": false, "message": ...}` for every settings error, parse errors included,
 /// with the path of the offending field.
 fn validate_settings(payload: &[u8]) -> CallResult {
-    let result =
-        parse_settings(payload).and_then(|settings| Policy::from_settings(&settings).map(|_| ()));
+    let result = parse_settings(payload).and_then(|settings| settings.validate());
     let response = SettingsValidationResponse {
         valid: result.is_ok(),
         message: result.err(),
@@ -65,32 +64,18 @@ fn validate_settings(payload: &[u8]) -> CallResult {
 }
 
 fn respond(outcome: Outcome) -> CallResult {
-    let some = |warnings: Vec<String>| (!warnings.is_empty()).then_some(warnings);
-    let response = match outcome {
-        Outcome::Accept { warnings } => ValidationResponse {
-            accepted: true,
-            message: None,
-            code: None,
-            mutated_object: None,
-            audit_annotations: None,
-            warnings: some(warnings),
-        },
-        Outcome::Mutate { object, warnings } => ValidationResponse {
-            accepted: true,
-            message: None,
-            code: None,
-            mutated_object: Some(object),
-            audit_annotations: None,
-            warnings: some(warnings),
-        },
-        Outcome::Reject { message, warnings } => ValidationResponse {
-            accepted: false,
-            message: Some(message),
-            code: None,
-            mutated_object: None,
-            audit_annotations: None,
-            warnings: some(warnings),
-        },
+    let (accepted, message, mutated_object, warnings) = match outcome {
+        Outcome::Accept { warnings } => (true, None, None, warnings),
+        Outcome::Mutate { object, warnings } => (true, None, Some(object), warnings),
+        Outcome::Reject { message, warnings } => (false, Some(message), None, warnings),
+    };
+    let response = ValidationResponse {
+        accepted,
+        message,
+        code: None,
+        mutated_object,
+        audit_annotations: None,
+        warnings: (!warnings.is_empty()).then_some(warnings),
     };
     Ok(serde_json::to_vec(&response)?)
 }

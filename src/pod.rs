@@ -43,7 +43,8 @@ enum Operation {
 }
 
 impl Operation {
-    /// Only a new Pod may get new `imagePullSecrets` or annotations that the API server keeps.
+    /// Whether the API server keeps metadata changes from this request: it keeps nothing but
+    /// `ephemeralContainers` from a `pods/ephemeralcontainers` one.
     fn may_change_metadata(self) -> bool {
         self != Operation::EphemeralContainers
     }
