@@ -36,10 +36,11 @@ impl IndexEntry {
         self.os != "unknown" && self.architecture != "unknown" && !self.os.is_empty()
     }
 
-    fn platform(&self) -> String {
-        match &self.variant {
-            Some(variant) => format!("{}/{}/{variant}", self.os, self.architecture),
-            None => format!("{}/{}", self.os, self.architecture),
+    fn platform(&self) -> Platform {
+        Platform {
+            os: self.os.clone(),
+            architecture: self.architecture.clone(),
+            variant: self.variant.clone(),
         }
     }
 }
@@ -250,29 +251,50 @@ fn check_source(
             }
         }
         (Manifest::Index { entries }, mirror_manifest) => {
-            let wanted: Vec<String> = if platforms.is_empty() {
+            let wanted: Vec<Platform> = if platforms.is_empty() {
                 entries
                     .iter()
                     .filter(|e| e.is_runnable())
                     .map(IndexEntry::platform)
                     .collect()
             } else {
-                platforms.iter().map(Platform::to_string).collect()
+                platforms.to_vec()
             };
-            let missing: Vec<&String> = wanted
-                .iter()
-                .filter(|platform| {
-                    !mirror_covers(entries, mirror_manifest, mirror_digest, platform)
-                })
-                .collect();
-            if missing.is_empty() && !wanted.is_empty() {
+            if wanted.is_empty() {
+                return SourceCheck::Stale(format!(
+                    "the source index lists no runnable platform ({digests})"
+                ));
+            }
+            let mut not_upstream = Vec::new();
+            let mut not_mirrored = Vec::new();
+            for platform in &wanted {
+                match manifest_for(entries, platform) {
+                    None => not_upstream.push(platform.to_string()),
+                    Some(source)
+                        if !mirror_holds(mirror_manifest, mirror_digest, platform, source) =>
+                    {
+                        not_mirrored.push(platform.to_string())
+                    }
+                    Some(_) => {}
+                }
+            }
+            let mut reasons = Vec::new();
+            if !not_mirrored.is_empty() {
+                reasons.push(format!(
+                    "it lacks the source's manifest for {}",
+                    not_mirrored.join(", ")
+                ));
+            }
+            if !not_upstream.is_empty() {
+                reasons.push(format!(
+                    "the source lists no manifest for {}",
+                    not_upstream.join(", ")
+                ));
+            }
+            if reasons.is_empty() {
                 SourceCheck::Same
             } else {
-                let missing: Vec<&str> = missing.iter().map(|p| p.as_str()).collect();
-                SourceCheck::Stale(format!(
-                    "it lacks the source's manifest for {} ({digests})",
-                    missing.join(", ")
-                ))
+                SourceCheck::Stale(format!("{} ({digests})", reasons.join("; ")))
             }
         }
         (Manifest::Image { .. }, Manifest::Index { .. }) => SourceCheck::Stale(format!(
@@ -281,28 +303,19 @@ fn check_source(
     }
 }
 
-/// Whether the mirror holds, for `platform`, the very manifest the source index lists for it.
-fn mirror_covers(
-    source: &[IndexEntry],
-    mirror: &Manifest,
-    mirror_digest: &str,
-    platform: &str,
-) -> bool {
-    let Some(wanted) = Platform::parse(platform) else {
-        return false;
-    };
-    let for_platform = |entries: &'_ [IndexEntry]| -> Option<String> {
-        entries
-            .iter()
-            .find(|e| wanted.covers(&e.os, &e.architecture, e.variant.as_deref()))
-            .map(|e| e.digest.clone())
-    };
-    let Some(source_digest) = for_platform(source) else {
-        return false;
-    };
+/// The digest an index lists for `platform`.
+fn manifest_for<'e>(entries: &'e [IndexEntry], platform: &Platform) -> Option<&'e str> {
+    entries
+        .iter()
+        .find(|e| platform.covers(&e.os, &e.architecture, e.variant.as_deref()))
+        .map(|e| e.digest.as_str())
+}
+
+/// Whether the mirror holds, for `platform`, the very manifest (`source`) the source lists.
+fn mirror_holds(mirror: &Manifest, mirror_digest: &str, platform: &Platform, source: &str) -> bool {
     match mirror {
-        Manifest::Image { .. } => source_digest == mirror_digest,
-        Manifest::Index { entries } => for_platform(entries).is_some_and(|d| d == source_digest),
+        Manifest::Image { .. } => source == mirror_digest,
+        Manifest::Index { entries } => manifest_for(entries, platform) == Some(source),
     }
 }
 
@@ -786,6 +799,23 @@ mod verify_source_tests {
             "{outcome}\n  should start with\n{expected}"
         );
         assert_eq!(registry.asked.len(), lookups, "{:?}", registry.asked);
+    }
+
+    #[test]
+    fn a_wanted_platform_the_source_lacks_is_named_as_such() {
+        let mut registry = with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source_index(),
+            DIGEST_C,
+            image(DIGEST_A),
+        );
+        let policy = settings(r#","platforms":["linux/amd64","linux/s390x"]"#);
+        let outcome = outcome(&decide(SOURCE_TAG, &policy, &mut registry));
+        assert!(
+            outcome.contains("stale: the source lists no manifest for linux/s390x (source"),
+            "{outcome}"
+        );
     }
 
     #[test]
