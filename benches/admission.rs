@@ -12,7 +12,7 @@ mod rig;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rig::hosts::{InstantHost, LiveHost};
+use rig::hosts::{InstantHost, LiveHost, locate};
 use rig::images::Image;
 use rig::registry::TestRegistry;
 use rig::wapc::{SharedHost, WasmPolicy};
@@ -239,11 +239,8 @@ fn main() {
             .filter_map(|image| lookup_of(image, &registry.host))
             .collect();
         for lookup in lookups {
-            let (repository, tag) = lookup
-                .strip_prefix(&format!("{}/", registry.host))
-                .and_then(|rest| rest.rsplit_once(':'))
-                .expect("repository:tag");
-            Image::new(&lookup, "linux/amd64").push(&registry, repository, Some(tag));
+            let (_, repository, tag) = locate(&lookup).expect("host/repository:tag");
+            Image::new(&lookup, "linux/amd64").push(&registry, &repository, Some(&tag));
         }
         let host = Arc::new(Mutex::new(LiveHost::default()));
         let runs = iterations(containers).min(40);

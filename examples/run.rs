@@ -11,7 +11,7 @@ mod rig;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use rig::hosts::{LiveHost, ReplayHost};
+use rig::hosts::{LiveHost, ReplayHost, locate};
 use rig::images::Image;
 use rig::registry::TestRegistry;
 use rig::wapc::SharedHost;
@@ -53,13 +53,6 @@ fn options() -> Result<Options, String> {
     Ok(options)
 }
 
-/// `host/repository:tag` → (`host`, `repository`, `tag`).
-fn split_image(image: &str) -> Option<(&str, &str, &str)> {
-    let (host, rest) = image.split_once('/')?;
-    let (repository, tag) = rest.rsplit_once(':')?;
-    Some((host, repository, tag))
-}
-
 /// A path as the user would type it from the repository root.
 fn shown(path: &std::path::Path) -> String {
     path.strip_prefix(rig::root())
@@ -99,9 +92,12 @@ fn main() -> ExitCode {
             .pending()
             .filter(|e| e.answer.is_ok())
         {
-            if let Some((host, repository, tag)) = split_image(&exchange.image) {
-                Image::new(&exchange.image, "linux/amd64").push(&mirror, repository, Some(tag));
-                seeded.push(host.to_string());
+            // Tags only: an image pushed by the example cannot have a recorded digest.
+            if let Ok((host, repository, tag)) = locate(&exchange.image)
+                && !tag.contains(':')
+            {
+                Image::new(&exchange.image, "linux/amd64").push(&mirror, &repository, Some(&tag));
+                seeded.push(host);
             }
         }
         // The mirror host of the settings is played by the loopback registry.

@@ -213,11 +213,11 @@ fn check_source(
     platforms: &[Platform],
     registry: &mut impl Registry,
 ) -> SourceCheck {
-    let source_tag = source.to_string();
-    let source_digest = match verified_digest(registry, &source_tag) {
+    let source_tag = source.as_str();
+    let source_digest = match verified_digest(registry, source_tag) {
         Ok(digest) => digest,
         Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
-            return SourceCheck::Unreachable(format!("{}: {why}", quote(&source_tag)));
+            return SourceCheck::Unreachable(format!("{}: {why}", quote(source_tag)));
         }
     };
     if source_digest == mirror_digest {

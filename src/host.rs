@@ -47,10 +47,7 @@ impl Registry for KubewardenHost {
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
         match oci::get_manifest_digest(image) {
             Ok(answer) => Ok(answer.digest),
-            Err(Error::HostCall { source, .. }) => {
-                Err(classify(&host_message(&source.to_string())))
-            }
-            Err(other) => Err(LookupError::Failed(other.to_string())),
+            Err(error) => Err(lookup_error(error)),
         }
     }
 
@@ -76,11 +73,17 @@ impl Registry for KubewardenHost {
                     })
                     .collect(),
             }),
-            Err(Error::HostCall { source, .. }) => {
-                Err(classify(&host_message(&source.to_string())))
-            }
-            Err(other) => Err(LookupError::Failed(other.to_string())),
+            Err(error) => Err(lookup_error(error)),
         }
+    }
+}
+
+/// A failed host call: the host's text, read for "absent"; any other SDK error (an answer
+/// that does not deserialise) is a lookup error.
+fn lookup_error(error: Error) -> LookupError {
+    match error {
+        Error::HostCall { source, .. } => classify(&host_message(&source.to_string())),
+        other => LookupError::Failed(other.to_string()),
     }
 }
 

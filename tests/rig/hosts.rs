@@ -77,7 +77,7 @@ impl Default for LiveHost {
 }
 
 /// `host/repository[:tag|@digest]` split as the registry API needs it.
-fn locate(image: &str) -> Result<(String, String, String), String> {
+pub fn locate(image: &str) -> Result<(String, String, String), String> {
     let (host, rest) = image
         .split_once('/')
         .ok_or_else(|| format!("{image:?} names no registry host"))?;
