@@ -1,8 +1,8 @@
 //! The decision for one image: the table of DESIGN.md as one pure function over [`Registry`].
 
+use crate::policy::{Fallback, Platform, Policy, SwapPolicy};
 use crate::reference::{Reference, parse_digest};
 use crate::rules::{Destination, Route};
-use crate::settings::{Fallback, Platform, Policy, SwapPolicy};
 
 /// The registry lookups a decision needs; Kubewarden's OCI host capabilities in the policy
 /// module, an in-memory table in unit tests.
@@ -22,12 +22,16 @@ pub enum Manifest {
     Index { entries: Vec<IndexEntry> },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One entry of an index: a manifest digest and the whole platform it is for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IndexEntry {
     pub digest: String,
     pub os: String,
     pub architecture: String,
     pub variant: Option<String>,
+    /// Windows images list one entry per `os.version` for one os/architecture.
+    pub os_version: Option<String>,
+    pub os_features: Vec<String>,
 }
 
 impl IndexEntry {
@@ -36,12 +40,27 @@ impl IndexEntry {
         self.os != "unknown" && self.architecture != "unknown" && !self.os.is_empty()
     }
 
-    fn platform(&self) -> Platform {
-        Platform {
-            os: self.os.clone(),
-            architecture: self.architecture.clone(),
-            variant: self.variant.clone(),
+    /// The entry's whole platform, for messages: `linux/arm64/v8`,
+    /// `windows/amd64 os.version 10.0.17763.5830`.
+    fn describe(&self) -> String {
+        let mut text = format!("{}/{}", self.os, self.architecture);
+        if let Some(variant) = &self.variant {
+            text.push('/');
+            text.push_str(variant);
         }
+        if let Some(version) = &self.os_version {
+            text.push_str(" os.version ");
+            text.push_str(version);
+        }
+        if !self.os_features.is_empty() {
+            text.push_str(" os.features ");
+            text.push_str(&self.os_features.join(","));
+        }
+        text
+    }
+
+    fn selected_by(&self, platform: &Platform) -> bool {
+        platform.covers(&self.os, &self.architecture, self.variant.as_deref())
     }
 }
 
@@ -52,6 +71,57 @@ impl IndexEntry {
 pub enum LookupError {
     Absent(String),
     Failed(String),
+    /// Not asked: the admission's lookup budget would likely have run out first.
+    OverBudget,
+}
+
+/// Why an image was not swapped as asked, in a word: the audit annotations' reason codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// The mirror said it lacks the image.
+    Absent,
+    /// The mirror's copy differs from the source's content (`verifySource`).
+    Stale,
+    /// The registry could not be asked, or its answer could not be trusted.
+    LookupError,
+    /// Not looked up (or not compared): the lookup budget was spent.
+    Budget,
+    /// The mirror needs a pull secret the Pod lacks and cannot gain after creation.
+    NoPullSecret,
+    /// The image string is not a reference a runtime would pull.
+    InvalidReference,
+    /// A rule matched but names no valid mirror repository.
+    Unroutable,
+    /// Swapped without comparing with the source, which could not be asked (`verifySource`).
+    SourceUnverified,
+}
+
+impl Reason {
+    pub fn code(self) -> &'static str {
+        match self {
+            Reason::Absent => "absent",
+            Reason::Stale => "stale",
+            Reason::LookupError => "lookup-error",
+            Reason::Budget => "budget",
+            Reason::NoPullSecret => "no-pull-secret",
+            Reason::InvalidReference => "invalid-reference",
+            Reason::Unroutable => "unroutable",
+            Reason::SourceUnverified => "source-unverified",
+        }
+    }
+}
+
+/// A reason and the sentence that explains it to a person.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub reason: Reason,
+    pub text: String,
+}
+
+impl Note {
+    fn new(reason: Reason, text: String) -> Note {
+        Note { reason, text }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,16 +130,16 @@ pub enum Decision {
     Unchanged,
     /// Already under a mirror target: admitting a swapped Pod again changes nothing.
     AlreadySwapped,
-    /// Write `image`; add `pull_secret` to the Pod when it has one; say `warning` if any.
+    /// Write `image`; add `pull_secret` to the Pod when it has one; tell `note` if any.
     Swap {
         image: String,
         pull_secret: Option<String>,
-        warning: Option<String>,
+        note: Option<Note>,
     },
     /// Keep the original image, and tell the user why.
-    Keep { warning: String },
-    /// Refuse the Pod, with this reason.
-    Reject { message: String },
+    Keep(Note),
+    /// Refuse the Pod, for this reason.
+    Reject(Note),
 }
 
 /// The longest image string quoted in a message; Kubernetes truncates long warnings anyway.
@@ -87,20 +157,22 @@ pub fn decide(image: &str, policy: &Policy, registry: &mut impl Registry) -> Dec
     let reference = match Reference::parse(image) {
         Ok(reference) => reference,
         Err(error) => {
-            return Decision::Keep {
-                warning: format!(
+            return Decision::Keep(Note::new(
+                Reason::InvalidReference,
+                format!(
                     "image {}: not swapped, not a valid image reference: {error}",
                     quote(image)
                 ),
-            };
+            ));
         }
     };
-    match policy.route(&reference) {
+    match policy.router.route(&reference) {
         Route::NotMatched | Route::Excluded(_) => Decision::Unchanged,
         Route::AlreadySwapped => Decision::AlreadySwapped,
-        Route::Unroutable { rule, reason } => Decision::Keep {
-            warning: format!("image {}: not swapped, {rule}: {reason}", quote(image)),
-        },
+        Route::Unroutable { rule, reason } => Decision::Keep(Note::new(
+            Reason::Unroutable,
+            format!("image {}: not swapped, {rule}: {reason}", quote(image)),
+        )),
         Route::Mirror(destination) => {
             decide_mirror(image, &reference, &destination, policy, registry)
         }
@@ -123,7 +195,7 @@ fn decide_mirror(
     let swap = |image: String| Decision::Swap {
         image,
         pull_secret: pull_secret.clone(),
-        warning: None,
+        note: None,
     };
     match (policy.swap_policy, reference.digest()) {
         (SwapPolicy::Always, Some(digest)) => swap(joined(&tagged, '@', digest)),
@@ -149,7 +221,7 @@ fn decide_mirror(
                 Ok(digest) => digest,
                 Err(error) => return fallback(policy, image, &tagged, error.into()),
             };
-            let warning = if policy.verify_source {
+            let note = if policy.verify_source {
                 let mirror = joined(repository, '@', &mirror_digest);
                 match check_source(
                     reference,
@@ -159,12 +231,15 @@ fn decide_mirror(
                     registry,
                 ) {
                     SourceCheck::Same => None,
-                    SourceCheck::Unreachable(why) => Some(format!(
-                        "image {}: swapped to the mirror without comparing it with the source, which could not be looked up ({why})",
-                        quote(image)
+                    SourceCheck::Unreachable(why) => Some(Note::new(
+                        Reason::SourceUnverified,
+                        format!(
+                            "image {}: swapped to the mirror without comparing it with the source, which could not be looked up ({why})",
+                            quote(image)
+                        ),
                     )),
                     SourceCheck::Stale(why) => {
-                        let failure = Failure::Missing(format!("the mirror copy is stale: {why}"));
+                        let failure = Failure::Stale(format!("the mirror copy is stale: {why}"));
                         return fallback(policy, image, &tagged, failure);
                     }
                     SourceCheck::Failed(why) => {
@@ -172,6 +247,15 @@ fn decide_mirror(
                             "could not compare it with the source ({why})"
                         ));
                         return fallback(policy, image, &tagged, failure);
+                    }
+                    // The comparison was not made, so nothing says the copy is current.
+                    SourceCheck::OverBudget => {
+                        return fallback(
+                            policy,
+                            image,
+                            &tagged,
+                            Failure::Budget("not compared with the source"),
+                        );
                     }
                 }
             } else {
@@ -185,7 +269,7 @@ fn decide_mirror(
             Decision::Swap {
                 image,
                 pull_secret,
-                warning,
+                note,
             }
         }
     }
@@ -202,6 +286,8 @@ enum SourceCheck {
     Stale(String),
     /// The digests differ and the manifests needed to compare them could not be read.
     Failed(String),
+    /// A lookup the comparison needed was not made: the budget was spent.
+    OverBudget,
 }
 
 /// Compares the mirror's copy (`mirror` = repository@digest) with the source tag, with as few
@@ -216,6 +302,7 @@ fn check_source(
     let source_tag = source.as_str();
     let source_digest = match verified_digest(registry, source_tag) {
         Ok(digest) => digest,
+        Err(LookupError::OverBudget) => return SourceCheck::OverBudget,
         Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
             return SourceCheck::Unreachable(format!("{}: {why}", quote(source_tag)));
         }
@@ -225,13 +312,18 @@ fn check_source(
     }
     let digests = format!("source {source_digest}, mirror {mirror_digest}");
     let source_manifest = registry.manifest(&format!("{}@{source_digest}", source.name()));
+    if source_manifest == Err(LookupError::OverBudget) {
+        return SourceCheck::OverBudget;
+    }
     let mirror_manifest = registry.manifest(mirror);
     let (source_manifest, mirror_manifest) = match (source_manifest, mirror_manifest) {
         (Ok(s), Ok(m)) => (s, m),
+        (_, Err(LookupError::OverBudget)) => return SourceCheck::OverBudget,
         (Err(LookupError::Absent(why) | LookupError::Failed(why)), _)
         | (_, Err(LookupError::Absent(why) | LookupError::Failed(why))) => {
             return SourceCheck::Failed(format!("{digests}: {why}"));
         }
+        (Err(LookupError::OverBudget), _) => return SourceCheck::OverBudget,
     };
     match (&source_manifest, &mirror_manifest) {
         (
@@ -251,51 +343,7 @@ fn check_source(
             }
         }
         (Manifest::Index { entries }, mirror_manifest) => {
-            let wanted: Vec<Platform> = if platforms.is_empty() {
-                entries
-                    .iter()
-                    .filter(|e| e.is_runnable())
-                    .map(IndexEntry::platform)
-                    .collect()
-            } else {
-                platforms.to_vec()
-            };
-            if wanted.is_empty() {
-                return SourceCheck::Stale(format!(
-                    "the source index lists no runnable platform ({digests})"
-                ));
-            }
-            let mut not_upstream = Vec::new();
-            let mut not_mirrored = Vec::new();
-            for platform in &wanted {
-                match manifest_for(entries, platform) {
-                    None => not_upstream.push(platform.to_string()),
-                    Some(source)
-                        if !mirror_holds(mirror_manifest, mirror_digest, platform, source) =>
-                    {
-                        not_mirrored.push(platform.to_string())
-                    }
-                    Some(_) => {}
-                }
-            }
-            let mut reasons = Vec::new();
-            if !not_mirrored.is_empty() {
-                reasons.push(format!(
-                    "it lacks the source's manifest for {}",
-                    not_mirrored.join(", ")
-                ));
-            }
-            if !not_upstream.is_empty() {
-                reasons.push(format!(
-                    "the source lists no manifest for {}",
-                    not_upstream.join(", ")
-                ));
-            }
-            if reasons.is_empty() {
-                SourceCheck::Same
-            } else {
-                SourceCheck::Stale(format!("{} ({digests})", reasons.join("; ")))
-            }
+            compare_index(entries, mirror_manifest, mirror_digest, platforms, &digests)
         }
         (Manifest::Image { .. }, Manifest::Index { .. }) => SourceCheck::Stale(format!(
             "the source is now a single-platform image, the mirror an index ({digests})"
@@ -303,19 +351,63 @@ fn check_source(
     }
 }
 
-/// The digest an index lists for `platform`.
-fn manifest_for<'e>(entries: &'e [IndexEntry], platform: &Platform) -> Option<&'e str> {
-    entries
+/// A source index against the mirror's copy: every source entry a wanted platform selects
+/// (all runnable ones when `platforms` is empty) must be held by the mirror, by digest. An
+/// os/architecture may select several entries (one per `os.version`, variant or
+/// `os.features`), and each of them counts.
+fn compare_index(
+    entries: &[IndexEntry],
+    mirror: &Manifest,
+    mirror_digest: &str,
+    platforms: &[Platform],
+    digests: &str,
+) -> SourceCheck {
+    let selected: Vec<&IndexEntry> = entries
         .iter()
-        .find(|e| platform.covers(&e.os, &e.architecture, e.variant.as_deref()))
-        .map(|e| e.digest.as_str())
+        .filter(|e| e.is_runnable())
+        .filter(|e| platforms.is_empty() || platforms.iter().any(|p| e.selected_by(p)))
+        .collect();
+    let not_upstream: Vec<String> = platforms
+        .iter()
+        .filter(|p| !entries.iter().any(|e| e.is_runnable() && e.selected_by(p)))
+        .map(Platform::to_string)
+        .collect();
+    if selected.is_empty() && platforms.is_empty() {
+        return SourceCheck::Stale(format!(
+            "the source index lists no runnable platform ({digests})"
+        ));
+    }
+    let not_mirrored: Vec<String> = selected
+        .iter()
+        .filter(|entry| !mirror_holds(mirror, mirror_digest, &entry.digest))
+        .map(|entry| entry.describe())
+        .collect();
+    let mut reasons = Vec::new();
+    if !not_mirrored.is_empty() {
+        reasons.push(format!(
+            "it lacks the source's manifest for {}",
+            not_mirrored.join(", ")
+        ));
+    }
+    if !not_upstream.is_empty() {
+        reasons.push(format!(
+            "the source lists no manifest for {}",
+            not_upstream.join(", ")
+        ));
+    }
+    if reasons.is_empty() {
+        SourceCheck::Same
+    } else {
+        SourceCheck::Stale(format!("{} ({digests})", reasons.join("; ")))
+    }
 }
 
-/// Whether the mirror holds, for `platform`, the very manifest (`source`) the source lists.
-fn mirror_holds(mirror: &Manifest, mirror_digest: &str, platform: &Platform, source: &str) -> bool {
+/// Whether the mirror holds the very manifest `digest`: as its single manifest, or listed in
+/// its own index.
+fn mirror_holds(mirror: &Manifest, mirror_digest: &str, digest: &str) -> bool {
     match mirror {
-        Manifest::Image { .. } => source == mirror_digest,
-        Manifest::Index { entries } => manifest_for(entries, platform) == Some(source),
+        Manifest::Image { .. } => digest == mirror_digest,
+        Manifest::Index { entries } => entries.iter().any(|e| e.digest == digest),
     }
 }
 
@@ -342,10 +434,14 @@ fn verified_digest(registry: &mut impl Registry, image: &str) -> Result<String, 
 
 /// Why the mirror cannot be used, and so which setting decides.
 enum Failure {
-    /// `onMissing`: the mirror lacks the image, or holds a stale copy.
+    /// `onMissing`: the mirror lacks the image.
     Missing(String),
+    /// `onMissing`: the mirror holds a stale copy.
+    Stale(String),
     /// `onLookupError`: the answer could not be had or could not be trusted.
     LookupError(String),
+    /// `onLookupError`: the lookup (or comparison) was not made within the budget.
+    Budget(&'static str),
 }
 
 impl From<LookupError> for Failure {
@@ -357,36 +453,55 @@ impl From<LookupError> for Failure {
             LookupError::Failed(why) => {
                 Failure::LookupError(format!("could not look it up ({why})"))
             }
+            LookupError::OverBudget => Failure::Budget("not looked up"),
         }
     }
 }
 
 fn fallback(policy: &Policy, image: &str, lookup: &str, failure: Failure) -> Decision {
-    let (action, setting, reason) = match failure {
-        Failure::Missing(reason) => (policy.on_missing, "onMissing", reason),
-        Failure::LookupError(reason) => (policy.on_lookup_error, "onLookupError", reason),
+    let (action, setting, reason, text) = match failure {
+        Failure::Missing(text) => (policy.on_missing, "onMissing", Reason::Absent, text),
+        Failure::Stale(text) => (policy.on_missing, "onMissing", Reason::Stale, text),
+        Failure::LookupError(text) => (
+            policy.on_lookup_error,
+            "onLookupError",
+            Reason::LookupError,
+            text,
+        ),
+        Failure::Budget(what) => (
+            policy.on_lookup_error,
+            "onLookupError",
+            Reason::Budget,
+            format!(
+                "{what}: the lookup budget of {} ms was spent",
+                policy.lookup_budget_ms
+            ),
+        ),
     };
     match action {
-        Fallback::Keep => Decision::Keep {
-            warning: format!(
-                "image {}: kept, not swapped to {}: {reason}",
+        Fallback::Keep => Decision::Keep(Note::new(
+            reason,
+            format!(
+                "image {}: kept, not swapped to {}: {text}",
                 quote(image),
                 quote(lookup)
             ),
-        },
-        Fallback::Reject => Decision::Reject {
-            message: format!(
-                "image {}: cannot be swapped to {}: {reason}; {setting} is reject",
+        )),
+        Fallback::Reject => Decision::Reject(Note::new(
+            reason,
+            format!(
+                "image {}: cannot be swapped to {}: {text}; {setting} is reject",
                 quote(image),
                 quote(lookup)
             ),
-        },
+        )),
     }
 }
 
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use crate::policy::Policy;
     use crate::settings::parse_settings;
     use rstest::rstest;
     use std::collections::BTreeMap;
@@ -449,7 +564,7 @@ pub mod tests {
         Decision::Swap {
             image: image.to_string(),
             pull_secret: Some("pull".to_string()),
-            warning: None,
+            note: None,
         }
     }
 
@@ -549,8 +664,7 @@ pub mod tests {
             FakeRegistry::default().with("mirror.example.com/dockerhub/library/nginx:1.27", answer);
         let decision = decide("nginx:1.27", &policy, &mut registry);
         let text = match decision {
-            Decision::Keep { warning } => warning,
-            Decision::Reject { message } => message,
+            Decision::Keep(note) | Decision::Reject(note) => note.text,
             other => panic!("expected a fallback, got {other:?}"),
         };
         assert_eq!(text, message);
@@ -563,7 +677,7 @@ pub mod tests {
         let mut registry = FakeRegistry::default().with(&lookup, Ok(DIGEST_B));
         let decision = decide(&format!("nginx@{DIGEST_A}"), &policy, &mut registry);
         assert!(
-            matches!(&decision, Decision::Keep { warning } if warning.contains(DIGEST_B)),
+            matches!(&decision, Decision::Keep(note) if note.text.contains(DIGEST_B)),
             "{decision:?}"
         );
     }
@@ -577,7 +691,7 @@ pub mod tests {
         let mut registry = FakeRegistry::default();
         let decision = decide(image, &policy, &mut registry);
         assert!(
-            matches!(&decision, Decision::Keep { warning } if warning.contains("not a valid image reference"))
+            matches!(&decision, Decision::Keep(note) if note.text.contains("not a valid image reference") && note.reason == Reason::InvalidReference)
         );
         assert!(registry.asked.is_empty());
     }
@@ -621,6 +735,7 @@ mod verify_source_tests {
             os: parts.next().unwrap_or_default().to_string(),
             architecture: parts.next().unwrap_or_default().to_string(),
             variant: parts.next().map(str::to_string),
+            ..IndexEntry::default()
         }
     }
 
@@ -660,17 +775,15 @@ mod verify_source_tests {
     fn outcome(decision: &Decision) -> String {
         match decision {
             Decision::Swap {
-                image,
-                warning: None,
-                ..
+                image, note: None, ..
             } => format!("swap {image}"),
             Decision::Swap {
                 image,
-                warning: Some(w),
+                note: Some(note),
                 ..
-            } => format!("swap {image} warning {w}"),
-            Decision::Keep { warning } => format!("keep {warning}"),
-            Decision::Reject { message } => format!("reject {message}"),
+            } => format!("swap {image} warning {}", note.text),
+            Decision::Keep(note) => format!("keep {}", note.text),
+            Decision::Reject(note) => format!("reject {}", note.text),
             other => format!("{other:?}"),
         }
     }
@@ -840,9 +953,136 @@ mod verify_source_tests {
         let mut registry = FakeRegistry::default().with(&lookup, Ok(DIGEST_A));
         let decision = decide(&format!("app@{DIGEST_A}"), &settings(""), &mut registry);
         assert!(
-            matches!(decision, Decision::Swap { warning: None, .. }),
+            matches!(decision, Decision::Swap { note: None, .. }),
             "{decision:?}"
         );
         assert_eq!(registry.asked, [lookup]);
+    }
+
+    fn windows_entry(digest: &str, version: &str) -> IndexEntry {
+        IndexEntry {
+            os_version: Some(version.to_string()),
+            ..entry(digest, "windows/amd64")
+        }
+    }
+
+    /// A Windows index lists one entry per os.version: each must be held by the mirror.
+    #[rstest]
+    #[case::every_os_version_held(
+        vec![windows_entry(DIGEST_C, "10.0.17763.1"), windows_entry(DIGEST_D, "10.0.20348.1")],
+        "swap"
+    )]
+    #[case::second_os_version_stale(
+        vec![windows_entry(DIGEST_C, "10.0.17763.1"), windows_entry(DIGEST_B, "10.0.20348.1")],
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: it lacks the source's manifest for windows/amd64 os.version 10.0.20348.1 (source"
+    )]
+    fn every_entry_a_platform_selects_is_compared(
+        #[case] mirror_entries: Vec<IndexEntry>,
+        #[case] expected: &str,
+    ) {
+        let source = Manifest::Index {
+            entries: vec![
+                windows_entry(DIGEST_C, "10.0.17763.1"),
+                windows_entry(DIGEST_D, "10.0.20348.1"),
+            ],
+        };
+        let mut registry = with_manifests(
+            registry(DIGEST_A, Ok(DIGEST_B)),
+            DIGEST_B,
+            source,
+            DIGEST_A,
+            Manifest::Index {
+                entries: mirror_entries,
+            },
+        );
+        let policy = settings(r#","platforms":["windows/amd64"]"#);
+        let outcome = outcome(&decide(SOURCE_TAG, &policy, &mut registry));
+        assert!(outcome.starts_with(expected), "{outcome}");
+    }
+
+    #[test]
+    fn os_features_are_part_of_an_entrys_identity() {
+        let with_features = IndexEntry {
+            os_features: vec!["win32k".to_string()],
+            ..windows_entry(DIGEST_D, "10.0.20348.1")
+        };
+        assert_eq!(
+            with_features.describe(),
+            "windows/amd64 os.version 10.0.20348.1 os.features win32k"
+        );
+        let source = Manifest::Index {
+            entries: vec![windows_entry(DIGEST_C, "10.0.17763.1"), with_features],
+        };
+        // The mirror is a single-platform copy of the first entry: the second is missing.
+        let mut registry = with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source,
+            DIGEST_C,
+            image(DIGEST_A),
+        );
+        let outcome = outcome(&decide(SOURCE_TAG, &settings(""), &mut registry));
+        assert!(
+            outcome.contains("lacks the source's manifest for windows/amd64 os.version 10.0.20348.1 os.features win32k"),
+            "{outcome}"
+        );
+    }
+
+    /// A registry that refuses every lookup after the first `allowed` ones, as the budget does.
+    struct Rationed {
+        inner: FakeRegistry,
+        allowed: usize,
+    }
+
+    impl Registry for Rationed {
+        fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+            if self.allowed == 0 {
+                return Err(LookupError::OverBudget);
+            }
+            self.allowed -= 1;
+            self.inner.manifest_digest(image)
+        }
+
+        fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+            if self.allowed == 0 {
+                return Err(LookupError::OverBudget);
+            }
+            self.allowed -= 1;
+            self.inner.manifest(image)
+        }
+    }
+
+    /// The budget runs out between the mirror lookup and the comparison: onLookupError,
+    /// never a swap, and never "source unreachable" (which would swap).
+    #[rstest]
+    #[case::before_the_source_digest(1, "", "keep")]
+    #[case::before_the_manifests(2, "", "keep")]
+    #[case::before_the_mirror_manifest(3, "", "keep")]
+    #[case::rejected(1, r#","onLookupError":"reject""#, "reject")]
+    fn a_comparison_cut_by_the_budget_is_a_lookup_error(
+        #[case] allowed: usize,
+        #[case] extra: &str,
+        #[case] verdict: &str,
+    ) {
+        let inner = with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_C),
+        );
+        let mut registry = Rationed { inner, allowed };
+        let decision = decide(SOURCE_TAG, &settings(extra), &mut registry);
+        let note = match (&decision, verdict) {
+            (Decision::Keep(note), "keep") | (Decision::Reject(note), "reject") => note,
+            _ => panic!("expected {verdict}, got {decision:?}"),
+        };
+        assert_eq!(note.reason, Reason::Budget);
+        assert!(
+            note.text
+                .contains("not compared with the source: the lookup budget of 800 ms was spent"),
+            "{}",
+            note.text
+        );
     }
 }

@@ -1,42 +1,182 @@
 //! [`Registry`] on Kubewarden's OCI host capabilities, and the reading of the host's errors.
 //!
 //! The host reports every failure as text, so only the text tells "the registry says there is no
-//! such image" from "the registry could not be asked". An image is taken as absent only when the
-//! text carries one of [`ABSENT_MARKERS`]; anything else (timeouts, refused connections, 401,
-//! 429, 5xx, texts no registry was seen to give) is a lookup error, handled by `onLookupError`.
+//! such image" from "the registry could not be asked". The text is Rust `anyhow`'s debug form of
+//! the host's error (policy-evaluator's `runtimes/callback.rs`:
+//! `format!("Callback evaluation failure: {e:?}")`): a first line, then a `Caused by:` list, and a
+//! `Stack backtrace:` when the host runs with `RUST_BACKTRACE=1`. [`read_host_error`] turns it
+//! into one line for a person, and classifies it from the registry's own words only.
 
 use kubewarden_policy_sdk::Error;
 use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
 
 use crate::decide::{IndexEntry, LookupError, Manifest, Registry};
 
-/// How registries and the host word "no such manifest or repository" (matched case-insensitively).
-pub const ABSENT_MARKERS: &[&str] = &[
-    // distribution, Harbor, Quay, Artifactory: MANIFEST_UNKNOWN and NAME_UNKNOWN, as the host's
-    // OCI client prints them ("OCI API error: manifest unknown").
-    "manifest unknown",
-    "manifest_unknown",
-    "repository name not known to registry",
-    "name_unknown",
-    // Harbor's and Artifact Registry's NOT_FOUND.
-    "not_found",
-    "requested entity was not found",
-    // Amazon ECR.
-    "requested image not found",
-    "does not exist in the registry",
-    // The host's OCI client, for a 404 without an error body.
-    "image manifest not found",
-    "code: 404",
-    "image not found",
+/// How registries word "no such manifest or repository" in the `message` of their error
+/// envelope, which is all the host's OCI client prints (oci-client's `OciError` displays
+/// `OCI API error: {message}`, never the code). Matched case-insensitively against each message,
+/// never against the URL or the rest of the text. Each entry is `(starts with, then contains)`.
+pub const ABSENT_MESSAGES: &[(&str, &str)] = &[
+    // CNCF distribution (registry/api/v2/errors.go: ErrorCodeManifestUnknown, ErrorCodeNameUnknown),
+    // also served by Docker Hub, GitHub and GitLab container registries (both run distribution
+    // or its wording), Quay (endpoints/v2/errors.py: ManifestUnknown, NameUnknown), Zot
+    // (pkg/api/errors/errors.go) and Sonatype Nexus.
+    ("manifest unknown", ""),
+    ("repository name not known to registry", ""),
+    // Quay: a tag removed by its expiry (endpoints/v2/errors.py: TagExpired).
+    ("tag has expired", ""),
+    // Harbor: NOT_FOUND from the artifact controller ("artifact {repo}:{tag} not found",
+    // src/controller/artifact/controller.go) and the repository manager ("repository {name}
+    // not found").
+    ("artifact ", " not found"),
+    ("repository ", " not found"),
+    // Azure Container Registry: MANIFEST_UNKNOWN "manifest tagged by \"x\" is not found" and
+    // "manifest sha256:... is not found"; NAME_UNKNOWN "repository \"x\" is not found" (above).
+    ("manifest ", " is not found"),
+    // JFrog Artifactory: MANIFEST_UNKNOWN "The named manifest is not known to the registry."
+    ("the named manifest is not known to the registry", ""),
+    // Amazon ECR: MANIFEST_UNKNOWN "Requested image not found"; NAME_UNKNOWN "The repository with
+    // name '...' does not exist in the registry with id '...'".
+    ("requested image not found", ""),
+    (
+        "the repository with name ",
+        " does not exist in the registry",
+    ),
 ];
 
-/// Reads a host error text.
-pub fn classify(text: &str) -> LookupError {
-    let lower = text.to_ascii_lowercase();
-    if ABSENT_MARKERS.iter().any(|marker| lower.contains(marker)) {
-        LookupError::Absent(text.to_string())
+/// The longest host text quoted in a message.
+const TEXT_MAX: usize = 300;
+
+/// Reads a host error text: one readable line, and whether the registry said "absent".
+///
+/// - A registry error envelope (`Registry error: url U, envelope: OCI API errors: [OCI API error:
+///   M]`) becomes `registry: M`, absent when M is one of [`ABSENT_MESSAGES`].
+/// - An HTTP status without an envelope (`Server error: url U, code: C, message: M`) becomes
+///   `HTTP C from U: M`, absent only for 404 on a manifest URL (the distribution spec's answer
+///   for an unknown manifest).
+/// - Anything else is a lookup error: its first line, and the root cause of the `Caused by:`
+///   list when the first line does not already say it (`... (Connect): Connection refused (os
+///   error 111)`).
+pub fn read_host_error(text: &str) -> LookupError {
+    let text = strip_prefixes(text);
+    // The backtrace is for the host's developers, never for a kubectl user.
+    let text = text
+        .find("\nStack backtrace:")
+        .map_or(text, |end| &text[..end]);
+    let (head, causes) = match text.find("\n\nCaused by:") {
+        Some(at) => (
+            &text[..at],
+            cause_lines(&text[at + "\n\nCaused by:".len()..]),
+        ),
+        None => (text, Vec::new()),
+    };
+    let head = head
+        .strip_prefix("Fail to interact with OCI registry: ")
+        .unwrap_or(head);
+    if let Some(messages) = envelope_messages(head) {
+        let absent = messages.iter().any(|m| is_absent_message(m));
+        let line = one_line(&format!("registry: {}", messages.join("; ")));
+        return if absent {
+            LookupError::Absent(line)
+        } else {
+            LookupError::Failed(line)
+        };
+    }
+    if let Some((url, code, message)) = server_error(head) {
+        let line = one_line(&if message.trim().is_empty() {
+            format!("HTTP {code} from {url}")
+        } else {
+            format!("HTTP {code} from {url}: {message}")
+        });
+        return if code == "404" && url.contains("/manifests/") {
+            LookupError::Absent(line)
+        } else {
+            LookupError::Failed(line)
+        };
+    }
+    let head = one_line(head);
+    let line = match causes.last() {
+        Some(root) if !head.contains(root.as_str()) => format!("{head}: {root}"),
+        _ => head,
+    };
+    LookupError::Failed(bounded(&line))
+}
+
+/// The waPC guest library and the host wrap the text in "Host error: " and
+/// "Callback evaluation failure: "; the operator needs only what follows.
+fn strip_prefixes(text: &str) -> &str {
+    let text = text.strip_prefix("Host error: ").unwrap_or(text);
+    text.strip_prefix("Callback evaluation failure: ")
+        .unwrap_or(text)
+}
+
+/// The entries of anyhow's `Caused by:` list: `    cause` for one, `    N: cause` for several.
+fn cause_lines(list: &str) -> Vec<String> {
+    list.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(|line| match line.split_once(": ") {
+            Some((n, rest)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => rest,
+            _ => line,
+        })
+        .map(one_line)
+        .collect()
+}
+
+/// The messages of oci-client's `RegistryError` display: `envelope: OCI API errors: [OCI API
+/// error: M1\nOCI API error: M2]` (the envelope joins its errors with a newline).
+fn envelope_messages(head: &str) -> Option<Vec<String>> {
+    const START: &str = "envelope: OCI API errors: [";
+    let body = &head[head.find(START)? + START.len()..];
+    let body = body.strip_suffix(']').unwrap_or(body);
+    let messages: Vec<String> = body
+        .split("OCI API error: ")
+        .map(|m| one_line(m.trim_end_matches([',', '\n', ' '])))
+        .filter(|m| !m.is_empty())
+        .collect();
+    Some(if messages.is_empty() {
+        vec!["(no message)".to_string()]
     } else {
-        LookupError::Failed(text.to_string())
+        messages
+    })
+}
+
+/// oci-client's `ServerError` display: `Server error: url {url}, code: {code}, message: {message}`.
+fn server_error(head: &str) -> Option<(&str, &str, &str)> {
+    let rest = head.strip_prefix("Server error: url ")?;
+    let (url, rest) = rest.split_once(", code: ")?;
+    let (code, message) = rest.split_once(", message: ").unwrap_or((rest, ""));
+    Some((url, code, message))
+}
+
+fn is_absent_message(message: &str) -> bool {
+    let message = message.trim().to_ascii_lowercase();
+    ABSENT_MESSAGES.iter().any(|(start, then)| {
+        message
+            .strip_prefix(start)
+            .is_some_and(|rest| rest.contains(then))
+    })
+}
+
+/// Newlines, tabs and other control characters become single spaces.
+fn one_line(text: &str) -> String {
+    let mut line = String::with_capacity(text.len());
+    for word in text.split(|c: char| c.is_whitespace() || c.is_control()) {
+        if word.is_empty() {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    bounded(&line)
+}
+
+fn bounded(text: &str) -> String {
+    match text.char_indices().nth(TEXT_MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }
 
@@ -69,6 +209,10 @@ impl Registry for KubewardenHost {
                                 .map(|p| p.architecture().to_string())
                                 .unwrap_or_default(),
                             variant: platform.and_then(|p| p.variant().clone()),
+                            os_version: platform.and_then(|p| p.os_version().clone()),
+                            os_features: platform
+                                .and_then(|p| p.os_features().clone())
+                                .unwrap_or_default(),
                         }
                     })
                     .collect(),
@@ -82,18 +226,9 @@ impl Registry for KubewardenHost {
 /// that does not deserialise) is a lookup error.
 fn lookup_error(error: Error) -> LookupError {
     match error {
-        Error::HostCall { source, .. } => classify(&host_message(&source.to_string())),
-        other => LookupError::Failed(other.to_string()),
+        Error::HostCall { source, .. } => read_host_error(&source.to_string()),
+        other => LookupError::Failed(one_line(&other.to_string())),
     }
-}
-
-/// The waPC guest library and the host wrap the registry's text in "Host error: " and
-/// "Callback evaluation failure: "; the operator needs only the registry's words.
-fn host_message(text: &str) -> String {
-    let text = text.strip_prefix("Host error: ").unwrap_or(text);
-    text.strip_prefix("Callback evaluation failure: ")
-        .unwrap_or(text)
-        .to_string()
 }
 
 #[cfg(test)]
@@ -101,57 +236,131 @@ mod tests {
     use super::*;
     use rstest::rstest;
 
+    const ABSENT_FULL: &str = "Callback evaluation failure: Fail to interact with OCI registry: Registry error: url http://127.0.0.1:5102/v2/up/library/nope/manifests/1.0, envelope: OCI API errors: [OCI API error: manifest unknown]\n\nCaused by:\n    Registry error: url http://127.0.0.1:5102/v2/up/library/nope/manifests/1.0, envelope: OCI API errors: [OCI API error: manifest unknown]";
+    const REFUSED_FULL: &str = "Callback evaluation failure: Fail to interact with OCI registry: error sending request for url (http://127.0.0.1:5102/v2/up/library/nope/manifests/1.0)\n\nCaused by:\n    0: error sending request for url (http://127.0.0.1:5102/v2/up/library/nope/manifests/1.0)\n    1: client error (Connect)\n    2: tcp connect error\n    3: Connection refused (os error 111)";
+    const BACKTRACE: &str = "\n\nStack backtrace:\n   0: anyhow::error::<impl anyhow::Error>::msg\n   1: policy_evaluator::callback_handler::oci::get_oci_digest_cached::{{closure}}\n   2: tokio::runtime::task::core::Core<T,S>::poll\n   3: std::panicking::try";
+
+    /// The recorded texts of kwctl 1.31 (KUBEWARDEN.md), with and without a backtrace, each
+    /// to one line that names what the registry said, once.
     #[rstest]
-    #[case::distribution_manifest_unknown(
-        "Fail to interact with OCI registry: Registry error: url http://127.0.0.1:5101/v2/library/nope/manifests/1.0, envelope: OCI API errors: [OCI API error: manifest unknown]",
-        true
+    #[case::absent(ABSENT_FULL, true, "registry: manifest unknown")]
+    #[case::absent_with_backtrace(&format!("{ABSENT_FULL}{BACKTRACE}"), true, "registry: manifest unknown")]
+    #[case::refused(
+        REFUSED_FULL,
+        false,
+        "error sending request for url (http://127.0.0.1:5102/v2/up/library/nope/manifests/1.0): Connection refused (os error 111)"
     )]
-    #[case::distribution_name_unknown(
-        "Callback evaluation failure: Fail to interact with OCI registry: Registry error: url http://127.0.0.1:5101/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: repository name not known to registry]",
-        true
+    #[case::refused_with_backtrace(
+        &format!("{REFUSED_FULL}{BACKTRACE}"),
+        false,
+        "error sending request for url (http://127.0.0.1:5102/v2/up/library/nope/manifests/1.0): Connection refused (os error 111)"
     )]
-    #[case::recorded_replay_error("Failed to retrieve OCI manifest digest: image not found", true)]
-    #[case::ecr("Requested image not found", true)]
-    #[case::ecr_repository(
-        "The repository with name 'x' does not exist in the registry with id '1234'",
-        true
-    )]
-    #[case::harbor_code("NOT_FOUND: artifact x:1 not found", true)]
-    #[case::bare_404(
-        "Server error: url https://m.io/v2/x/manifests/1, code: 404, message: ",
-        true
-    )]
-    #[case::unreachable(
+    #[case::first_line_only(
         "Fail to interact with OCI registry: error sending request for url (https://index.docker.io/v2/library/busybox/manifests/latest)",
+        false,
+        "error sending request for url (https://index.docker.io/v2/library/busybox/manifests/latest)"
+    )]
+    #[case::guest_library_prefix(
+        "Host error: Callback evaluation failure: Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: manifest unknown]",
+        true,
+        "registry: manifest unknown"
+    )]
+    #[case::two_envelope_errors(
+        "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: authentication required\nOCI API error: manifest unknown]",
+        true,
+        "registry: authentication required; manifest unknown"
+    )]
+    #[case::server_error_404(
+        "Fail to interact with OCI registry: Server error: url https://m.io/v2/x/manifests/1, code: 404, message: \n\nCaused by:\n    Server error: url https://m.io/v2/x/manifests/1, code: 404, message: ",
+        true,
+        "HTTP 404 from https://m.io/v2/x/manifests/1"
+    )]
+    #[case::server_error_500(
+        "Fail to interact with OCI registry: Server error: url https://m.io/v2/x/manifests/1, code: 500, message: upstream\ttimed out\n",
+        false,
+        "HTTP 500 from https://m.io/v2/x/manifests/1: upstream timed out"
+    )]
+    #[case::a_404_from_the_token_server_is_no_answer_about_the_image(
+        "Fail to interact with OCI registry: Server error: url https://auth.m.io/token?scope=x, code: 404, message: ",
+        false,
+        "HTTP 404 from https://auth.m.io/token?scope=x"
+    )]
+    fn host_texts_become_one_readable_line(
+        #[case] text: &str,
+        #[case] absent: bool,
+        #[case] line: &str,
+    ) {
+        let read = read_host_error(text);
+        match (&read, absent) {
+            (LookupError::Absent(got), true) | (LookupError::Failed(got), false) => {
+                assert_eq!(got, line);
+                assert!(!got.contains('\n') && !got.contains("backtrace"));
+            }
+            _ => panic!("{read:?}: expected absent = {absent}"),
+        }
+    }
+
+    /// Every registry's wording for a missing manifest or repository, and wordings that only
+    /// look alike.
+    #[rstest]
+    #[case::distribution_manifest("manifest unknown", true)]
+    #[case::distribution_name("repository name not known to registry", true)]
+    #[case::quay_tag_expired("Tag has expired", true)]
+    #[case::harbor_artifact("artifact library/nginx:1.27 not found", true)]
+    #[case::harbor_repository("repository library/nope not found", true)]
+    #[case::acr_tag("manifest tagged by \"1.27\" is not found", true)]
+    #[case::acr_digest(
+        "manifest sha256:3a25d2cf3a25d2cf3a25d2cf3a25d2cf3a25d2cf3a25d2cf3a25d2cf3a25d2cf is not found",
+        true
+    )]
+    #[case::acr_repository("repository \"library/nope\" is not found", true)]
+    #[case::artifactory("The named manifest is not known to the registry.", true)]
+    #[case::ecr_image("Requested image not found", true)]
+    #[case::ecr_repository(
+        "The repository with name 'team/app' does not exist in the registry with id '123456789012'",
+        true
+    )]
+    #[case::distribution_wrong_accept(
+        "OCI index found, but accept header does not support OCI indexes",
         false
     )]
-    #[case::unauthorized(
-        "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: authentication required]",
-        false
+    #[case::unauthorized("authentication required", false)]
+    #[case::denied("requested access to the resource is denied", false)]
+    #[case::rate_limited("toomanyrequests: You have reached your pull rate limit.", false)]
+    #[case::gar_failed_to_fetch("Failed to fetch \"1.27\"", false)]
+    #[case::artifact_store_error("artifact storage unavailable", false)]
+    fn registry_wordings_are_read_from_the_envelope(#[case] message: &str, #[case] absent: bool) {
+        let text = format!(
+            "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: {message}]"
+        );
+        assert_eq!(
+            matches!(read_host_error(&text), LookupError::Absent(_)),
+            absent,
+            "{message}"
+        );
+    }
+
+    /// A marker in the URL (a repository called `not_found`) never makes an outage "absent".
+    #[rstest]
+    #[case::transport(
+        "Fail to interact with OCI registry: error sending request for url (https://m.io/v2/manifest-unknown/not_found/manifests/latest)\n\nCaused by:\n    0: error sending request for url (https://m.io/v2/manifest-unknown/not_found/manifests/latest)\n    1: operation timed out"
     )]
-    #[case::rate_limited(
-        "Server error: url https://m.io/v2/x/manifests/1, code: 429, message: toomanyrequests",
-        false
+    #[case::denied_in_envelope(
+        "Fail to interact with OCI registry: Registry error: url https://m.io/v2/image-not-found/manifests/1, envelope: OCI API errors: [OCI API error: requested access to the resource is denied]"
     )]
-    #[case::server_error(
-        "Server error: url https://m.io/v2/x/manifests/1, code: 500, message: ",
-        false
-    )]
-    #[case::dns(
-        "dns error: failed to lookup address information: Name or service not known",
-        false
-    )]
-    #[case::timeout("operation timed out", false)]
-    #[case::unrecognised("something new", false)]
-    fn only_explicit_unknowns_are_absent(#[case] text: &str, #[case] absent: bool) {
-        assert_eq!(matches!(classify(text), LookupError::Absent(_)), absent);
+    fn words_in_the_url_are_never_read(#[case] text: &str) {
+        assert!(
+            matches!(read_host_error(text), LookupError::Failed(_)),
+            "{text}"
+        );
     }
 
     #[test]
-    fn the_guest_library_prefix_is_dropped() {
-        assert_eq!(
-            host_message("Host error: Callback evaluation failure: manifest unknown"),
-            "manifest unknown"
-        );
+    fn long_texts_are_bounded() {
+        let text = format!("something new: {}", "x".repeat(5_000));
+        let LookupError::Failed(line) = read_host_error(&text) else {
+            panic!("not a failure");
+        };
+        assert!(line.chars().count() <= TEXT_MAX + 1, "{}", line.len());
     }
 }

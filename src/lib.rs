@@ -3,10 +3,12 @@
 //!
 //! This file is the waPC wiring only: decode the request, run [`pod::admit`], encode the answer.
 
+pub mod budget;
 pub mod decide;
 pub mod glob;
 pub mod host;
 pub mod pod;
+pub mod policy;
 pub mod reference;
 pub mod rules;
 pub mod settings;
@@ -18,8 +20,10 @@ use kubewarden_policy_sdk::settings::{SettingsValidationResponse, Validatable};
 use kubewarden_policy_sdk::wapc_guest as guest;
 use kubewarden_policy_sdk::{protocol_version_guest, reject_request};
 
-use crate::pod::Outcome;
-use crate::settings::{Policy, Settings, parse_settings};
+use crate::budget::MonotonicClock;
+use crate::pod::{Outcome, Verdict};
+use crate::policy::Policy;
+use crate::settings::{Settings, parse_settings};
 
 #[unsafe(no_mangle)]
 pub extern "C" fn wapc_init() {
@@ -29,6 +33,8 @@ pub extern "C" fn wapc_init() {
 }
 
 fn validate(payload: &[u8]) -> CallResult {
+    // The lookup budget counts from here: the evaluation timeout counts the whole call.
+    let clock = MonotonicClock::start();
     // Not ValidationRequest::new: its error quotes the whole payload, which for a large Pod is
     // a message nobody can read.
     let request: ValidationRequest<Settings> = match serde_json::from_slice(payload) {
@@ -49,6 +55,7 @@ fn validate(payload: &[u8]) -> CallResult {
         request.request,
         &policy,
         &mut host::KubewardenHost,
+        &clock,
     ))
 }
 
@@ -64,17 +71,19 @@ fn validate_settings(payload: &[u8]) -> CallResult {
 }
 
 fn respond(outcome: Outcome) -> CallResult {
-    let (accepted, message, mutated_object, warnings) = match outcome {
-        Outcome::Accept { warnings } => (true, None, None, warnings),
-        Outcome::Mutate { object, warnings } => (true, None, Some(object), warnings),
-        Outcome::Reject { message, warnings } => (false, Some(message), None, warnings),
+    let (accepted, message, mutated_object) = match outcome.verdict {
+        Verdict::Accept => (true, None, None),
+        Verdict::Mutate(object) => (true, None, Some(object)),
+        Verdict::Reject(message) => (false, Some(message), None),
     };
+    let audit = outcome.audit;
+    let warnings = outcome.warnings;
     let response = ValidationResponse {
         accepted,
         message,
         code: None,
         mutated_object,
-        audit_annotations: None,
+        audit_annotations: (!audit.is_empty()).then(|| audit.into_iter().collect()),
         warnings: (!warnings.is_empty()).then_some(warnings),
     };
     Ok(serde_json::to_vec(&response)?)

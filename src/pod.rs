@@ -5,33 +5,53 @@
 //! computed from the mutated object would then delete them from the Pod.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
-use crate::decide::{Decision, LookupError, Manifest, Registry, decide, quote};
-use crate::settings::Policy;
+use crate::budget::{BudgetReport, Budgeted, Clock};
+use crate::decide::{Decision, LookupError, Manifest, Note, Reason, Registry, decide, quote};
+use crate::policy::{Fallback, Policy};
+use crate::rules::Router;
 
 /// The annotation that records, for each swapped container, the image the Pod asked for.
 pub const ORIGINAL_IMAGES_ANNOTATION: &str = "image-swapper.kubewarden.io/original-images";
+
+/// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
+/// this API object, so changing its images would only misreport what runs.
+pub const STATIC_POD_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// The container lists, in the order their images are looked up.
 const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
 
 /// What to answer the API server.
 #[derive(Debug, PartialEq)]
-pub enum Outcome {
-    Accept {
-        warnings: Vec<String>,
-    },
-    Mutate {
-        object: Value,
-        warnings: Vec<String>,
-    },
-    Reject {
-        message: String,
-        warnings: Vec<String>,
-    },
+pub struct Outcome {
+    pub verdict: Verdict,
+    /// For the user (kubectl prints them).
+    pub warnings: Vec<String>,
+    /// For the API server's audit log: keys are name parts the API server prefixes with the
+    /// webhook's name; values are JSON text.
+    pub audit: BTreeMap<String, String>,
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    Accept,
+    Mutate(Value),
+    Reject(String),
+}
+
+impl Outcome {
+    /// Accepted, unchanged, nothing to say.
+    pub fn unchanged() -> Outcome {
+        Outcome {
+            verdict: Verdict::Accept,
+            warnings: Vec::new(),
+            audit: BTreeMap::new(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +76,8 @@ struct Candidate<'o> {
     index: usize,
     name: &'o str,
     image: &'o str,
+    /// Its image in `oldObject`, on update.
+    old_image: Option<&'o str>,
 }
 
 /// A container image this admission rewrites.
@@ -66,16 +88,18 @@ struct Swap {
     original: String,
     image: String,
     pull_secret: Option<String>,
+    /// Put back to the swap recorded for it: a re-applied manifest re-sent the original.
+    reapplied: bool,
 }
 
 /// What the decisions say of the candidates.
 #[derive(Default)]
 struct Verdicts {
     swaps: Vec<Swap>,
-    /// Names of containers whose new image is not swapped (their annotation entry is stale).
-    kept: Vec<String>,
-    warnings: Vec<String>,
-    rejections: Vec<String>,
+    /// One note per distinct image kept, rejected, or swapped with a warning, in lookup order.
+    kept: Vec<(String, Note)>,
+    rejected: Vec<(String, Note)>,
+    swapped_with_note: Vec<(String, Note)>,
 }
 
 /// Takes the request by value: the mutated Pod is the request's own object, changed in place,
@@ -84,40 +108,60 @@ pub fn admit(
     mut request: KubernetesAdmissionRequest,
     policy: &Policy,
     registry: &mut impl Registry,
+    clock: &impl Clock,
 ) -> Outcome {
-    let accept = Outcome::Accept {
-        warnings: Vec::new(),
-    };
     if request.kind.kind != "Pod" || !request.kind.group.is_empty() {
-        return accept;
+        return Outcome::unchanged();
     }
     let operation = match (request.operation.as_str(), request.sub_resource.as_str()) {
         ("CREATE", "") => Operation::Create,
         ("UPDATE", "") => Operation::Update,
         ("UPDATE", "ephemeralcontainers") => Operation::EphemeralContainers,
-        _ => return accept,
+        _ => return Outcome::unchanged(),
     };
+    if annotation(&request.object, STATIC_POD_MIRROR_ANNOTATION).is_some() {
+        return Outcome::unchanged();
+    }
     let old = match operation {
         Operation::Create => None,
         _ => Some(&request.old_object),
     };
-    let existing_secrets = pull_secret_names(&request.object);
     let candidates = candidates(&request.object, old);
     if candidates.is_empty() {
-        return accept;
+        return Outcome::unchanged();
     }
-    let verdicts = decide_all(&candidates, operation, &existing_secrets, policy, registry);
-    let warnings = capped(verdicts.warnings, "images not swapped");
-    let mut rejections = verdicts.rejections;
+    // The live Pod's record: what this policy swapped, and from what.
+    let recorded = match operation {
+        Operation::Update => recorded_originals(&request.old_object),
+        _ => BTreeMap::new(),
+    };
+    let existing_secrets = pull_secret_names(&request.object);
+    let limit = Duration::from_millis(policy.lookup_budget_ms);
+    let mut budgeted = Budgeted::new(registry, clock, limit);
+    let verdicts = decide_all(
+        &candidates,
+        operation,
+        &existing_secrets,
+        &recorded,
+        policy,
+        &mut budgeted,
+    );
+    let report = budgeted.report();
+    let (warnings, rejections) = messages(&verdicts, policy, &report);
+    let audit = audit_annotations(&verdicts, &report);
     if !rejections.is_empty() {
         let message = match rejections.len() {
-            1 => rejections.remove(0),
+            1 => rejections.into_iter().next().unwrap_or_default(),
             n => format!(
                 "{n} images cannot be admitted: {}",
                 capped(rejections, "images").join("; ")
             ),
         };
-        return Outcome::Reject { message, warnings };
+        return Outcome {
+            verdict: Verdict::Reject(message),
+            warnings,
+            audit,
+        };
     }
     let mut object = std::mem::take(&mut request.object);
     let mut changed = false;
@@ -128,7 +172,7 @@ pub fn admit(
         }
     }
     if operation.may_change_metadata() {
-        changed |= record_original_images(&mut object, &verdicts.swaps, &verdicts.kept);
+        changed |= record_original_images(&mut object, &verdicts.swaps, &policy.router);
     }
     if operation == Operation::Create {
         let secrets = verdicts
@@ -137,10 +181,15 @@ pub fn admit(
             .filter_map(|s| s.pull_secret.as_deref());
         changed |= add_pull_secrets(&mut object, secrets, &existing_secrets);
     }
-    if changed {
-        Outcome::Mutate { object, warnings }
+    let verdict = if changed {
+        Verdict::Mutate(object)
     } else {
-        Outcome::Accept { warnings }
+        Verdict::Accept
+    };
+    Outcome {
+        verdict,
+        warnings,
+        audit,
     }
 }
 
@@ -149,6 +198,7 @@ fn decide_all(
     candidates: &[Candidate<'_>],
     operation: Operation,
     existing_secrets: &[String],
+    recorded: &BTreeMap<String, String>,
     policy: &Policy,
     registry: &mut impl Registry,
 ) -> Verdicts {
@@ -156,40 +206,195 @@ fn decide_all(
     let mut decisions: BTreeMap<&str, Decision> = BTreeMap::new();
     let mut verdicts = Verdicts::default();
     for candidate in candidates {
+        // `kubectl apply` re-sends the image the user wrote while the live Pod runs its swap:
+        // keep the running image (no lookup, no restart) when the record and the old image
+        // agree. The record alone never decides.
+        if let Some(old_image) = candidate.old_image
+            && recorded.get(candidate.name).map(String::as_str) == Some(candidate.image)
+            && policy.router.is_swap_of(candidate.image, old_image)
+        {
+            verdicts.swaps.push(Swap {
+                list: candidate.list,
+                index: candidate.index,
+                name: candidate.name.to_string(),
+                original: candidate.image.to_string(),
+                image: old_image.to_string(),
+                pull_secret: None,
+                reapplied: true,
+            });
+            continue;
+        }
         let decision = match decisions.get(candidate.image) {
             Some(decision) => decision,
             None => {
                 let decision = decide(candidate.image, policy, &mut registry);
                 let decision =
                     check_pull_secret(decision, candidate.image, operation, existing_secrets);
+                let image = candidate.image.to_string();
                 match &decision {
-                    Decision::Keep { warning }
-                    | Decision::Swap {
-                        warning: Some(warning),
-                        ..
-                    } => verdicts.warnings.push(warning.clone()),
-                    Decision::Reject { message } => verdicts.rejections.push(message.clone()),
+                    Decision::Keep(note) => verdicts.kept.push((image, note.clone())),
+                    Decision::Reject(note) => verdicts.rejected.push((image, note.clone())),
+                    Decision::Swap {
+                        note: Some(note), ..
+                    } => verdicts.swapped_with_note.push((image, note.clone())),
                     _ => {}
                 }
                 decisions.entry(candidate.image).or_insert(decision)
             }
         };
-        match decision {
-            Decision::Swap {
-                image, pull_secret, ..
-            } if image != candidate.image => verdicts.swaps.push(Swap {
+        if let Decision::Swap {
+            image, pull_secret, ..
+        } = decision
+            && image != candidate.image
+        {
+            verdicts.swaps.push(Swap {
                 list: candidate.list,
                 index: candidate.index,
                 name: candidate.name.to_string(),
                 original: candidate.image.to_string(),
                 image: image.clone(),
                 pull_secret: pull_secret.clone(),
-            }),
-            Decision::AlreadySwapped => {}
-            _ => verdicts.kept.push(candidate.name.to_string()),
+                reapplied: false,
+            });
         }
     }
     verdicts
+}
+
+/// The warnings and the rejection reasons, one per distinct image, except that the images the
+/// budget left unlooked-up share one message that names the budget.
+fn messages(
+    verdicts: &Verdicts,
+    policy: &Policy,
+    report: &BudgetReport,
+) -> (Vec<String>, Vec<String>) {
+    let over_budget = |(_, note): &&(String, Note)| note.reason == Reason::Budget;
+    let mut warnings: Vec<String> = verdicts
+        .swapped_with_note
+        .iter()
+        .chain(&verdicts.kept)
+        .filter(|entry| !over_budget(entry))
+        .map(|(_, note)| note.text.clone())
+        .collect();
+    let mut rejections: Vec<String> = verdicts
+        .rejected
+        .iter()
+        .filter(|entry| !over_budget(entry))
+        .map(|(_, note)| note.text.clone())
+        .collect();
+    let budget_images: Vec<&str> = verdicts
+        .kept
+        .iter()
+        .chain(&verdicts.rejected)
+        .filter(over_budget)
+        .map(|(image, _)| image.as_str())
+        .collect();
+    if !budget_images.is_empty() {
+        let message = budget_message(&budget_images, policy.on_lookup_error, report);
+        match policy.on_lookup_error {
+            Fallback::Keep => warnings.push(message),
+            Fallback::Reject => rejections.push(message),
+        }
+    }
+    (capped(warnings, "images not swapped"), rejections)
+}
+
+/// "lookup budget of 800 ms spent: 812 ms on 2 lookups (slowest 406 ms); 28 images were not
+/// looked up or compared and were kept as they were (onLookupError is keep): "a", "b", …"
+fn budget_message(images: &[&str], action: Fallback, report: &BudgetReport) -> String {
+    const NAMED: usize = 5;
+    let mut named: Vec<String> = images.iter().take(NAMED).map(|i| quote(i)).collect();
+    if images.len() > NAMED {
+        named.push(format!("and {} more", images.len() - NAMED));
+    }
+    let count = match images.len() {
+        1 => "1 image was".to_string(),
+        n => format!("{n} images were"),
+    };
+    let outcome = match action {
+        Fallback::Keep => "kept as they were",
+        Fallback::Reject => "refused",
+    };
+    format!(
+        "lookup budget of {} ms spent: {} ms on {} lookups (slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
+        report.limit_ms(),
+        report.spent_ms(),
+        report.lookups,
+        report.slowest.as_millis(),
+        action.as_str(),
+        named.join(", ")
+    )
+}
+
+/// The most entries listed under one audit annotation key; the summary counts them all.
+const AUDITED_MAX: usize = 20;
+
+/// What the admission did, for the API server's audit log: `swapped` (container, from, to),
+/// `kept` and `rejected` (image, reason code), and a `summary` with the counts and the
+/// lookups' time. Empty when there is nothing to report.
+fn audit_annotations(verdicts: &Verdicts, report: &BudgetReport) -> BTreeMap<String, String> {
+    let mut audit = BTreeMap::new();
+    if verdicts.swaps.is_empty()
+        && verdicts.kept.is_empty()
+        && verdicts.rejected.is_empty()
+        && report.lookups == 0
+    {
+        return audit;
+    }
+    let cut = |text: &str| match text.char_indices().nth(200) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    };
+    let notes: BTreeMap<&str, &Note> = verdicts
+        .swapped_with_note
+        .iter()
+        .map(|(image, note)| (image.as_str(), note))
+        .collect();
+    let swapped: Vec<Value> = verdicts
+        .swaps
+        .iter()
+        .take(AUDITED_MAX)
+        .map(|swap| {
+            let mut entry = json!({
+                "container": cut(&swap.name),
+                "from": cut(&swap.original),
+                "to": cut(&swap.image),
+            });
+            if swap.reapplied {
+                entry["reapplied"] = json!(true);
+            }
+            if let Some(note) = notes.get(swap.original.as_str()) {
+                entry["reason"] = json!(note.reason.code());
+            }
+            entry
+        })
+        .collect();
+    let by_image = |list: &[(String, Note)]| -> Vec<Value> {
+        list.iter()
+            .take(AUDITED_MAX)
+            .map(|(image, note)| json!({"image": cut(image), "reason": note.reason.code()}))
+            .collect()
+    };
+    for (key, entries) in [
+        ("swapped", swapped),
+        ("kept", by_image(&verdicts.kept)),
+        ("rejected", by_image(&verdicts.rejected)),
+    ] {
+        if !entries.is_empty() {
+            audit.insert(key.to_string(), Value::Array(entries).to_string());
+        }
+    }
+    let summary = json!({
+        "swapped": verdicts.swaps.len(),
+        "kept": verdicts.kept.len(),
+        "rejected": verdicts.rejected.len(),
+        "lookups": report.lookups,
+        "lookupMilliseconds": report.spent_ms(),
+        "budgetMilliseconds": report.limit_ms(),
+        "notLookedUp": report.refused,
+    });
+    audit.insert("summary".to_string(), summary.to_string());
+    audit
 }
 
 fn container_list<'v>(object: &'v Value, list: &str) -> Option<&'v Vec<Value>> {
@@ -206,6 +411,29 @@ fn container_mut<'v>(
         .get_mut(list)?
         .get_mut(index)?
         .as_object_mut()
+}
+
+fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
+    object
+        .get("metadata")?
+        .get("annotations")?
+        .get(key)?
+        .as_str()
+}
+
+/// The original-images annotation of `object`, read as container name to image; an entry that
+/// is not a string, or an annotation that is not JSON, records nothing.
+fn recorded_originals(object: &Value) -> BTreeMap<String, String> {
+    let Some(text) = annotation(object, ORIGINAL_IMAGES_ANNOTATION) else {
+        return BTreeMap::new();
+    };
+    match serde_json::from_str::<Map<String, Value>>(text) {
+        Ok(entries) => entries
+            .into_iter()
+            .filter_map(|(name, image)| Some((name, image.as_str()?.to_string())))
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    }
 }
 
 /// Kubernetes truncates long warning lists; past this many entries, the rest are counted.
@@ -244,12 +472,14 @@ fn candidates<'o>(object: &'o Value, old: Option<&'o Value>) -> Vec<Candidate<'o
             let Some(image) = container.get("image").and_then(Value::as_str) else {
                 continue;
             };
-            if old.is_none() || old_images.get(name) != Some(&image) {
+            let old_image = old_images.get(name).copied();
+            if old.is_none() || old_image != Some(image) {
                 candidates.push(Candidate {
                     list,
                     index,
                     name,
                     image,
+                    old_image,
                 });
             }
         }
@@ -270,13 +500,16 @@ fn check_pull_secret(
             image: target,
             pull_secret: Some(secret),
             ..
-        } if operation != Operation::Create && !existing.contains(&secret) => Decision::Keep {
-            warning: format!(
-                "image {}: kept, not swapped to {}: that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation",
-                quote(image),
-                quote(&target)
-            ),
-        },
+        } if operation != Operation::Create && !existing.contains(&secret) => {
+            Decision::Keep(Note {
+                reason: Reason::NoPullSecret,
+                text: format!(
+                    "image {}: kept, not swapped to {}: that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation",
+                    quote(image),
+                    quote(&target)
+                ),
+            })
+        }
         other => other,
     }
 }
@@ -332,30 +565,37 @@ fn add_pull_secrets<'s>(
     true
 }
 
-/// Merges into the annotation: swapped containers get their original image; containers whose
-/// new image was not swapped lose a stale entry; the annotation goes when no entry is left.
-fn record_original_images(object: &mut Value, swaps: &[Swap], kept: &[String]) -> bool {
-    let current = object
-        .get("metadata")
-        .and_then(|m| m.get("annotations"))
-        .and_then(|a| a.get(ORIGINAL_IMAGES_ANNOTATION))
-        .and_then(Value::as_str);
+/// Rewrites the annotation so that it describes the Pod as it leaves admission: a container
+/// has an entry when this admission swapped it, or when its recorded original still routes to
+/// its image (repository and tag); every other entry goes, and the annotation goes when none
+/// is left. Says whether it changed the Pod.
+fn record_original_images(object: &mut Value, swaps: &[Swap], router: &Router) -> bool {
+    let current = annotation(object, ORIGINAL_IMAGES_ANNOTATION);
     if current.is_none() && swaps.is_empty() {
         return false;
     }
-    // Borrowed keys and values: only the final JSON text is allocated.
-    let existing: BTreeMap<String, String> = current
-        .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_default();
-    let mut originals: BTreeMap<&str, &str> = existing
+    let existing = recorded_originals(object);
+    let swapped: BTreeMap<&str, &str> = swaps
         .iter()
-        .map(|(name, image)| (name.as_str(), image.as_str()))
+        .map(|s| (s.name.as_str(), s.original.as_str()))
         .collect();
-    for swap in swaps {
-        originals.insert(&swap.name, &swap.original);
-    }
-    for name in kept {
-        originals.remove(name.as_str());
+    let mut originals: BTreeMap<&str, &str> = BTreeMap::new();
+    for list in CONTAINER_LISTS {
+        for container in container_list(object, list).into_iter().flatten() {
+            let (Some(name), Some(image)) = (
+                container.get("name").and_then(Value::as_str),
+                container.get("image").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            if let Some(original) = swapped.get(name) {
+                originals.insert(name, original);
+            } else if let Some(original) = existing.get(name)
+                && router.is_swap_of(original, image)
+            {
+                originals.insert(name, original);
+            }
+        }
     }
     let updated =
         (!originals.is_empty()).then(|| serde_json::to_string(&originals).unwrap_or_default());
@@ -392,7 +632,8 @@ fn object_entry<'m>(
 }
 
 /// Asks the registry once per distinct lookup per admission, however many containers or
-/// decisions need it; lookups keep the order of their first use.
+/// decisions need it; lookups keep the order of their first use. A refusal of the budget is
+/// remembered too: the budget only shrinks, so asking again would be refused again.
 struct LookOnce<'r, R: Registry> {
     inner: &'r mut R,
     digests: BTreeMap<String, Result<String, LookupError>>,
@@ -430,6 +671,7 @@ impl<R: Registry> Registry for LookOnce<'_, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::tests::FakeClock;
     use crate::decide::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
     use kubewarden_policy_sdk::request::GroupVersionKind;
     use serde_json::json;
@@ -471,9 +713,32 @@ mod tests {
     }
 
     fn mutated(outcome: Outcome) -> Value {
-        match outcome {
-            Outcome::Mutate { object, .. } => object,
+        match outcome.verdict {
+            Verdict::Mutate(object) => object,
             other => panic!("expected a mutation, got {other:?}"),
+        }
+    }
+
+    /// An admission whose lookups take no time.
+    fn admit(
+        request: KubernetesAdmissionRequest,
+        policy: &Policy,
+        registry: &mut impl Registry,
+    ) -> Outcome {
+        super::admit(request, policy, registry, &FakeClock::default())
+    }
+
+    fn accepted_warnings(outcome: Outcome) -> Vec<String> {
+        match outcome.verdict {
+            Verdict::Accept => outcome.warnings,
+            other => panic!("expected accept, got {other:?}"),
+        }
+    }
+
+    fn rejection(outcome: Outcome) -> String {
+        match outcome.verdict {
+            Verdict::Reject(message) => message,
+            other => panic!("expected reject, got {other:?}"),
         }
     }
 
@@ -561,7 +826,7 @@ mod tests {
             &policy,
             &mut registry,
         );
-        assert_eq!(twice, Outcome::Accept { warnings: vec![] });
+        assert_eq!(twice, Outcome::unchanged());
         assert!(registry.asked.is_empty());
     }
 
@@ -576,7 +841,7 @@ mod tests {
             &policy_from(SETTINGS),
             &mut registry,
         );
-        assert_eq!(outcome, Outcome::Accept { warnings: vec![] });
+        assert_eq!(outcome, Outcome::unchanged());
         assert!(registry.asked.is_empty());
     }
 
@@ -615,9 +880,7 @@ mod tests {
             &policy_from(SETTINGS),
             &mut registry(),
         );
-        let Outcome::Accept { warnings } = outcome else {
-            panic!("expected accept, got {outcome:?}")
-        };
+        let warnings = accepted_warnings(outcome);
         assert!(
             warnings[0].contains("needs imagePullSecret \"mirror-pull\""),
             "{warnings:?}"
@@ -662,9 +925,7 @@ mod tests {
             &policy,
             &mut registry(),
         );
-        let Outcome::Reject { message, .. } = outcome else {
-            panic!("expected reject, got {outcome:?}")
-        };
+        let message = rejection(outcome);
         assert!(
             message.starts_with("2 images cannot be admitted: image \"nginx:missing\""),
             "{message}"
@@ -684,7 +945,7 @@ mod tests {
         for request in [deployment, delete, status] {
             assert_eq!(
                 admit(request, &policy_from(SETTINGS), &mut registry),
-                Outcome::Accept { warnings: vec![] }
+                Outcome::unchanged()
             );
         }
         assert!(registry.asked.is_empty());
@@ -700,9 +961,7 @@ mod tests {
             &policy_from(SETTINGS),
             &mut registry(),
         );
-        let Outcome::Accept { warnings } = outcome else {
-            panic!("expected accept, got {outcome:?}")
-        };
+        let warnings = accepted_warnings(outcome);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
     }
 
@@ -717,9 +976,7 @@ mod tests {
             &policy_from(SETTINGS),
             &mut registry(),
         );
-        let Outcome::Accept { warnings } = outcome else {
-            panic!("expected accept, got {outcome:?}")
-        };
+        let warnings = accepted_warnings(outcome);
         assert_eq!(warnings.len(), LISTED_MAX + 1);
         assert_eq!(warnings[LISTED_MAX], "… and 30 more images not swapped");
     }
@@ -763,7 +1020,308 @@ mod tests {
                 &policy,
                 &mut registry(),
             );
-            assert_eq!(outcome, Outcome::Accept { warnings: vec![] });
+            assert_eq!(outcome, Outcome::unchanged());
         }
+    }
+
+    fn annotated(mut pod: Value, originals: Value) -> Value {
+        pod["metadata"]["annotations"] =
+            json!({ ORIGINAL_IMAGES_ANNOTATION: originals.to_string() });
+        pod
+    }
+
+    fn originals(pod: &Value) -> Option<Value> {
+        let text = pod["metadata"]["annotations"][ORIGINAL_IMAGES_ANNOTATION].as_str()?;
+        serde_json::from_str(text).ok()
+    }
+
+    #[test]
+    fn static_pod_mirrors_are_left_alone_without_a_lookup() {
+        let mut object = pod(json!({"containers": [{"name": "etcd", "image": "nginx:1.27"}]}));
+        object["metadata"]["annotations"] = json!({ STATIC_POD_MIRROR_ANNOTATION: "6f5c4e3d2b1a" });
+        let mut registry = registry();
+        let outcome = admit(
+            request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry,
+        );
+        assert_eq!(outcome, Outcome::unchanged());
+        assert!(registry.asked.is_empty());
+    }
+
+    const SWAPPED: &str = "mirror.example.com/dockerhub/library/nginx:1.27@sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+    /// The live Pod runs the swap; `kubectl apply` re-sends `nginx:1.27`.
+    fn reapplied(record: Option<Value>) -> (KubernetesAdmissionRequest, Value) {
+        let old = pod(json!({
+            "imagePullSecrets": [{"name": "mirror-pull"}],
+            "containers": [{"name": "web", "image": SWAPPED}]
+        }));
+        let old = match record {
+            Some(record) => annotated(old, record),
+            None => old,
+        };
+        let mut new = old.clone();
+        new["spec"]["containers"][0]["image"] = json!("nginx:1.27");
+        (request("UPDATE", "", new, old.clone()), old)
+    }
+
+    #[test]
+    fn a_reapplied_original_keeps_the_running_swap_without_a_lookup() {
+        let (request, old) = reapplied(Some(json!({"web": "nginx:1.27"})));
+        let mut registry = registry();
+        let outcome = admit(request, &policy_from(SETTINGS), &mut registry);
+        let pod = mutated(outcome);
+        assert_eq!(pod["spec"]["containers"][0]["image"], SWAPPED);
+        assert_eq!(originals(&pod), originals(&old));
+        assert!(registry.asked.is_empty(), "{:?}", registry.asked);
+    }
+
+    #[test]
+    fn without_the_record_a_reapplied_original_is_decided_afresh() {
+        let (request, _) = reapplied(None);
+        let mut registry = registry();
+        let pod = mutated(admit(request, &policy_from(SETTINGS), &mut registry));
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            format!("{NGINX}@{DIGEST_A}")
+        );
+        assert_eq!(registry.asked, [NGINX]);
+    }
+
+    #[rstest::rstest]
+    #[case::record_names_another_image(json!({"web": "nginx:1.26"}))]
+    #[case::record_for_another_container(json!({"side": "nginx:1.27"}))]
+    #[case::record_not_routing_to_the_old_image(json!({"web": "httpd:1.27"}))]
+    fn a_record_that_does_not_match_the_old_image_is_ignored(#[case] record: Value) {
+        let (request, _) = reapplied(Some(record));
+        let mut registry = registry();
+        let pod = mutated(admit(request, &policy_from(SETTINGS), &mut registry));
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            format!("{NGINX}@{DIGEST_A}"),
+            "looked up and swapped afresh"
+        );
+        assert_eq!(registry.asked, [NGINX]);
+        assert_eq!(originals(&pod), Some(json!({"web": "nginx:1.27"})));
+    }
+
+    #[test]
+    fn an_update_to_an_image_under_a_target_drops_the_stale_record() {
+        let old = annotated(
+            pod(json!({"containers": [{"name": "web", "image": SWAPPED}]})),
+            json!({"web": "nginx:1.27"}),
+        );
+        let mut new = old.clone();
+        new["spec"]["containers"][0]["image"] = json!(ARGO);
+        let mut registry = registry();
+        let pod = mutated(admit(
+            request("UPDATE", "", new, old),
+            &policy_from(SETTINGS),
+            &mut registry,
+        ));
+        assert_eq!(pod["spec"]["containers"][0]["image"], ARGO);
+        assert!(
+            pod["metadata"]["annotations"]
+                .get(ORIGINAL_IMAGES_ANNOTATION)
+                .is_none(),
+            "{pod}"
+        );
+        assert!(registry.asked.is_empty());
+    }
+
+    #[test]
+    fn a_record_that_matches_survives_admitting_twice() {
+        let object = annotated(
+            pod(json!({"containers": [
+                {"name": "web", "image": SWAPPED}, {"name": "side", "image": ARGO}
+            ]})),
+            json!({"web": "nginx:1.27", "gone": "nginx:1.0"}),
+        );
+        let pod = mutated(admit(
+            request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        ));
+        assert_eq!(
+            originals(&pod),
+            Some(json!({"web": "nginx:1.27"})),
+            "a container that is not in the Pod has no entry"
+        );
+    }
+
+    /// Every lookup takes `ms` on the fake clock.
+    struct Distant {
+        inner: FakeRegistry,
+        clock: FakeClock,
+        ms: u64,
+    }
+
+    impl Registry for Distant {
+        fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+            self.clock.advance(Duration::from_millis(self.ms));
+            self.inner.manifest_digest(image)
+        }
+
+        fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+            self.clock.advance(Duration::from_millis(self.ms));
+            self.inner.manifest(image)
+        }
+    }
+
+    fn many_images(n: usize) -> (Value, FakeRegistry) {
+        let mut registry = FakeRegistry::default();
+        let containers: Vec<Value> = (0..n)
+            .map(|i| {
+                registry.answers.insert(
+                    format!("mirror.example.com/dockerhub/library/app{i}:1"),
+                    Ok(DIGEST_A.to_string()),
+                );
+                json!({"name": format!("c{i}"), "image": format!("app{i}:1")})
+            })
+            .collect();
+        (pod(json!({ "containers": containers })), registry)
+    }
+
+    fn budget_admission(extra: &str, n: usize, ms: u64) -> (Outcome, usize) {
+        let settings = format!(
+            r#"{{"mirrors":[{{"source":"docker.io","target":"mirror.example.com/dockerhub"}}]{extra}}}"#
+        );
+        let (object, inner) = many_images(n);
+        let clock = FakeClock::default();
+        let mut registry = Distant {
+            inner,
+            clock: clock.clone(),
+            ms,
+        };
+        let outcome = super::admit(
+            request("CREATE", "", object, Value::Null),
+            &policy_from(&settings),
+            &mut registry,
+            &clock,
+        );
+        (outcome, registry.inner.asked.len())
+    }
+
+    #[test]
+    fn the_first_images_are_swapped_and_the_rest_kept_with_one_budget_warning() {
+        // 300 ms per lookup, 800 ms budget: two lookups, 28 images not looked up.
+        let (outcome, asked) = budget_admission("", 30, 300);
+        assert_eq!(asked, 2);
+        let audit = outcome.audit.clone();
+        let pod = match outcome.verdict {
+            Verdict::Mutate(pod) => pod,
+            other => panic!("{other:?}"),
+        };
+        let images: Vec<&str> = pod["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .filter_map(|c| c["image"].as_str())
+            .collect();
+        assert!(
+            images[..2].iter().all(|i| i.ends_with(DIGEST_A)),
+            "{images:?}"
+        );
+        assert_eq!(
+            images[2..].iter().filter(|i| i.starts_with("app")).count(),
+            28
+        );
+        assert_eq!(
+            outcome.warnings,
+            [
+                "lookup budget of 800 ms spent: 600 ms on 2 lookups (slowest 300 ms); 28 images were not looked up or compared in time and kept as they were (onLookupError is keep): \"app2:1\", \"app3:1\", \"app4:1\", \"app5:1\", \"app6:1\", and 23 more"
+            ]
+        );
+        let summary: Value = serde_json::from_str(&audit["summary"]).expect("JSON");
+        assert_eq!(
+            summary,
+            json!({"swapped": 2, "kept": 28, "rejected": 0, "lookups": 2,
+                   "lookupMilliseconds": 600, "budgetMilliseconds": 800, "notLookedUp": 28})
+        );
+        let kept: Value = serde_json::from_str(&audit["kept"]).expect("JSON");
+        assert_eq!(kept[0], json!({"image": "app2:1", "reason": "budget"}));
+        assert_eq!(kept.as_array().map(Vec::len), Some(AUDITED_MAX));
+    }
+
+    #[test]
+    fn with_on_lookup_error_reject_the_spent_budget_refuses_the_pod() {
+        let (outcome, _) = budget_admission(r#","onLookupError":"reject""#, 30, 300);
+        let message = rejection(outcome);
+        assert!(
+            message.starts_with("lookup budget of 800 ms spent: 600 ms on 2 lookups (slowest 300 ms); 28 images were not looked up or compared in time and refused (onLookupError is reject)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_first_lookup_longer_than_the_budget_swaps_that_image_only() {
+        let (outcome, asked) = budget_admission("", 5, 1_500);
+        assert_eq!(asked, 1);
+        assert!(
+            outcome.warnings[0].starts_with("lookup budget of 800 ms spent: 1500 ms on 1 lookups"),
+            "{:?}",
+            outcome.warnings
+        );
+        let pod = mutated(outcome);
+        assert!(
+            pod["spec"]["containers"][0]["image"]
+                .as_str()
+                .is_some_and(|i| i.ends_with(DIGEST_A))
+        );
+    }
+
+    #[test]
+    fn near_lookups_swap_the_whole_pod() {
+        let (outcome, asked) = budget_admission("", 30, 1);
+        assert_eq!(asked, 30);
+        assert!(outcome.warnings.is_empty(), "{:?}", outcome.warnings);
+    }
+
+    #[test]
+    fn audit_annotations_name_swaps_keeps_and_reasons_within_the_api_servers_rules() {
+        let object = pod(json!({"containers": [
+            {"name": "web", "image": "nginx:1.27"},
+            {"name": "job", "image": "nginx:missing"},
+            {"name": "bad", "image": "::"},
+        ]}));
+        let outcome = admit(
+            request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        );
+        let audit = &outcome.audit;
+        for key in audit.keys() {
+            assert!(
+                key.len() <= 63
+                    && key
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)),
+                "{key}"
+            );
+        }
+        let swapped: Value = serde_json::from_str(&audit["swapped"]).expect("JSON");
+        assert_eq!(
+            swapped,
+            json!([{"container": "web", "from": "nginx:1.27", "to": format!("{NGINX}@{DIGEST_A}")}])
+        );
+        let kept: Value = serde_json::from_str(&audit["kept"]).expect("JSON");
+        assert_eq!(
+            kept,
+            json!([{"image": "nginx:missing", "reason": "absent"},
+                   {"image": "::", "reason": "invalid-reference"}])
+        );
+        assert!(!audit.contains_key("rejected"));
+    }
+
+    #[test]
+    fn an_admission_with_nothing_to_report_has_no_audit_annotations() {
+        let object = pod(json!({"containers": [{"name": "x", "image": "ghcr.io/org/app:1"}]}));
+        let outcome = admit(
+            request("CREATE", "", object, Value::Null),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        );
+        assert_eq!(outcome, Outcome::unchanged());
     }
 }

@@ -1,9 +1,11 @@
 //! Which mirror an image goes to: the most specific rule whose source is a prefix of the image's
 //! repository on whole path segments, else `defaultMirror`.
+//!
+//! This module knows nothing of the settings' form: `settings` validates them and builds a
+//! [`Router`]; `decide` asks it where an image goes. Data flows one way: settings -> rules.
 
 use crate::glob::Glob;
 use crate::reference::{NAME_MAX_LEN, Reference, is_path_component};
-use crate::settings::Policy;
 
 /// A registry host with an optional path, e.g. `mirror.example.com/dockerhub`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +18,13 @@ impl Prefix {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The registry host, with its port.
+    pub fn host(&self) -> &str {
+        self.0
+            .split_once('/')
+            .map_or(self.0.as_str(), |(host, _)| host)
     }
 
     /// The rest of `name` below this prefix, if `name` is the prefix or lies under it on a path
@@ -31,7 +40,7 @@ impl Prefix {
         other.strip_from(&self.0).is_some()
     }
 
-    fn join(&self, rest: &str) -> String {
+    pub fn join(&self, rest: &str) -> String {
         let mut joined = String::with_capacity(self.0.len() + 1 + rest.len());
         joined.push_str(&self.0);
         if !rest.is_empty() {
@@ -50,6 +59,17 @@ pub struct Rule {
     pub source: Prefix,
     pub target: Prefix,
     pub pull_secret: Option<String>,
+}
+
+/// The validated routing table.
+#[derive(Clone, Debug, Default)]
+pub struct Router {
+    /// Longest source first, so the first match is the most specific.
+    pub rules: Vec<Rule>,
+    pub default_mirror: Option<Prefix>,
+    /// Every target, so that an image already swapped is recognised and left alone.
+    pub targets: Vec<Prefix>,
+    pub exclude: Vec<Glob>,
 }
 
 /// Where an image would go, before any lookup.
@@ -93,7 +113,23 @@ impl std::fmt::Display for RuleName {
     }
 }
 
-impl Policy {
+impl Router {
+    /// Sorts the rules most specific first and collects the targets.
+    pub fn new(mut rules: Vec<Rule>, default_mirror: Option<Prefix>, exclude: Vec<Glob>) -> Router {
+        rules.sort_by_key(|rule| std::cmp::Reverse(rule.source.as_str().len()));
+        let targets = rules
+            .iter()
+            .map(|r| r.target.clone())
+            .chain(default_mirror.clone())
+            .collect();
+        Router {
+            rules,
+            default_mirror,
+            targets,
+            exclude,
+        }
+    }
+
     pub fn route(&self, reference: &Reference) -> Route<'_> {
         let name = reference.name();
         if self
@@ -120,6 +156,12 @@ impl Policy {
                 rule.pull_secret.as_deref(),
                 RuleName::Mirror(rule.index),
             ),
+            // An image of the default mirror's own registry is not routed there: it would land
+            // at `<registry>/<its own host>/...`, which nobody fills (k8s-image-swapper skips
+            // these too).
+            (None, Some(registry)) if registry.host() == reference.domain() => {
+                return Route::NotMatched;
+            }
             (None, Some(registry)) => {
                 // k8s-image-swapper's layout keeps the source host as a path segment, which a
                 // host with a port or upper-case letters cannot be.
@@ -151,19 +193,35 @@ impl Policy {
             rule,
         })
     }
+
+    /// Whether `image` is what this policy would have written for `original`: routing the
+    /// original names the image's repository and tag (any digest, since pinning adds one).
+    /// This is how an UPDATE that re-sends a recorded original is recognised; it never looks
+    /// anything up.
+    pub fn is_swap_of(&self, original: &str, image: &str) -> bool {
+        let (Ok(original), Ok(image)) = (Reference::parse(original), Reference::parse(image))
+        else {
+            return false;
+        };
+        match self.route(&original) {
+            Route::Mirror(destination) => {
+                destination.repository == image.name() && original.tag() == image.tag()
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{Settings, parse_settings};
+    use crate::decide::tests::policy_from;
     use rstest::rstest;
 
     fn route(settings: &str, image: &str) -> String {
-        let settings: Settings = parse_settings(settings.as_bytes()).expect("valid settings");
-        let policy = Policy::from_settings(&settings).expect("valid settings");
+        let policy = policy_from(settings);
         let reference = Reference::parse(image).expect("valid reference");
-        match policy.route(&reference) {
+        match policy.router.route(&reference) {
             Route::NotMatched => "not matched".to_string(),
             Route::Excluded(glob) => format!("excluded by {}", glob.as_str()),
             Route::AlreadySwapped => "already swapped".to_string(),
@@ -244,6 +302,10 @@ mod tests {
         "123456789012.dkr.ecr.eu-west-1.amazonaws.com/cache/docker.io/library/nginx:1",
         "already swapped"
     )]
+    #[case::own_registry_is_not_rerouted(
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/app:1.0",
+        "not matched"
+    )]
     fn default_mirror_uses_k8s_image_swapper_layout(#[case] image: &str, #[case] expected: &str) {
         assert_eq!(route(DEFAULT, image), expected);
     }
@@ -252,5 +314,32 @@ mod tests {
     fn too_long_a_mirror_name_is_unroutable() {
         let image = format!("quay.io/{}", "a".repeat(240));
         assert!(route(DEFAULT, &image).starts_with("mirrors[0]: the mirror repository"));
+    }
+}
+
+#[cfg(test)]
+mod swap_of_tests {
+    use crate::decide::tests::policy_from;
+    use rstest::rstest;
+
+    const SETTINGS: &str = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],"exclude":["docker.io/library/pause:*"]}"#;
+    const D: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    #[rstest]
+    #[case::pinned_swap("nginx:1.27", &format!("m.io/hub/library/nginx:1.27@{D}"), true)]
+    #[case::unpinned_swap("nginx:1.27", "m.io/hub/library/nginx:1.27", true)]
+    #[case::digest_original(&format!("nginx@{D}"), &format!("m.io/hub/library/nginx@{D}"), true)]
+    #[case::other_tag("nginx:1.27", "m.io/hub/library/nginx:1.26", false)]
+    #[case::other_repository("nginx:1.27", "m.io/hub/library/httpd:1.27", false)]
+    #[case::not_under_a_target("nginx:1.27", "nginx:1.27", false)]
+    #[case::excluded_original("pause:3.9", "m.io/hub/library/pause:3.9", false)]
+    #[case::invalid_original("::", "m.io/hub/library/nginx:1.27", false)]
+    fn a_recorded_swap_is_recognised_without_a_lookup(
+        #[case] original: &str,
+        #[case] image: &str,
+        #[case] expected: bool,
+    ) {
+        let policy = policy_from(SETTINGS);
+        assert_eq!(policy.router.is_swap_of(original, image), expected);
     }
 }

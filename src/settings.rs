@@ -2,15 +2,24 @@
 //!
 //! Validation and compilation are one function, [`Policy::from_settings`]: `validate_settings`
 //! calls it when the policy is loaded, and `validate` calls it again at every admission because
-//! settings arrive with every request. It is linear in the size of the settings and builds no
-//! regular expression.
+//! settings arrive with every request. It is linear in the number of rules (quadratic only in
+//! the pairwise target check, over a handful of rules) and builds no regular expression.
 
 use kubewarden_policy_sdk::settings::Validatable;
 use serde::{Deserialize, Serialize};
 
 use crate::glob::Glob;
+use crate::policy::{Fallback, Platform, Policy, SwapPolicy};
 use crate::reference::{self, is_domain, is_path_component, looks_like_registry_host};
-use crate::rules::{Prefix, Rule};
+use crate::rules::{Prefix, Router, Rule};
+
+/// The default of `lookupBudgetMilliseconds`: policy-server's default evaluation timeout is 2 s,
+/// counted in one-second ticks, so an evaluation may be interrupted after only 1 s; 800 ms of
+/// lookups leaves room for the rest of the evaluation and one lookup that overruns.
+pub const DEFAULT_LOOKUP_BUDGET_MS: u64 = 800;
+/// The largest budget: the API server waits at most 30 s for a webhook (`timeoutSeconds`), and
+/// the budget must stay under `timeoutEvalSeconds` - 1 s, itself under that.
+pub const MAX_LOOKUP_BUDGET_MS: u64 = 28_000;
 
 #[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
@@ -23,6 +32,7 @@ pub struct Settings {
     pub pin_digest: bool,
     pub on_missing: Fallback,
     pub on_lookup_error: Fallback,
+    pub lookup_budget_milliseconds: u64,
     pub exclude: Vec<String>,
 }
 
@@ -37,6 +47,7 @@ impl Default for Settings {
             pin_digest: true,
             on_missing: Fallback::Keep,
             on_lookup_error: Fallback::Keep,
+            lookup_budget_milliseconds: DEFAULT_LOOKUP_BUDGET_MS,
             exclude: Vec::new(),
         }
     }
@@ -55,94 +66,6 @@ pub struct MirrorSetting {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DefaultMirrorSetting {
     pub registry: String,
-}
-
-#[derive(Deserialize, Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase")]
-pub enum SwapPolicy {
-    /// Swap only to what a lookup has just verified.
-    #[default]
-    Exists,
-    /// Swap without looking.
-    Always,
-}
-
-#[derive(Deserialize, Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase")]
-pub enum Fallback {
-    /// Admit the Pod with its original image, and say why in a warning.
-    #[default]
-    Keep,
-    /// Refuse the Pod, and say why.
-    Reject,
-}
-
-/// The settings, validated and ready for decisions.
-#[derive(Debug, Clone)]
-pub struct Policy {
-    /// Longest source first, so the first match is the most specific.
-    pub rules: Vec<Rule>,
-    pub default_mirror: Option<Prefix>,
-    /// Every target, so that an image already swapped is recognised and left alone.
-    pub targets: Vec<Prefix>,
-    pub exclude: Vec<Glob>,
-    pub swap_policy: SwapPolicy,
-    /// Tag references: also require the mirror's content to be the source's.
-    pub verify_source: bool,
-    /// With `verify_source`, the platforms a mirror copy of a multi-platform source must cover;
-    /// empty means every platform the source lists.
-    pub platforms: Vec<Platform>,
-    pub pin_digest: bool,
-    pub on_missing: Fallback,
-    pub on_lookup_error: Fallback,
-}
-
-/// `os/architecture[/variant]`, as image indexes name platforms.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Platform {
-    pub os: String,
-    pub architecture: String,
-    pub variant: Option<String>,
-}
-
-impl Platform {
-    pub fn parse(text: &str) -> Option<Platform> {
-        let parts: Vec<&str> = text.split('/').collect();
-        let word = |s: &&str| {
-            !s.is_empty()
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        };
-        if !(2..=3).contains(&parts.len()) || !parts.iter().all(word) {
-            return None;
-        }
-        Some(Platform {
-            os: parts[0].to_string(),
-            architecture: parts[1].to_string(),
-            variant: parts.get(2).map(|v| v.to_string()),
-        })
-    }
-
-    /// Whether an index entry's platform serves this one: a platform named without a variant
-    /// accepts any variant of its architecture.
-    pub fn covers(&self, os: &str, architecture: &str, variant: Option<&str>) -> bool {
-        self.os == os
-            && self.architecture == architecture
-            && self
-                .variant
-                .as_deref()
-                .is_none_or(|wanted| Some(wanted) == variant)
-    }
-}
-
-impl std::fmt::Display for Platform {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.os, self.architecture)?;
-        match &self.variant {
-            Some(variant) => write!(f, "/{variant}"),
-            None => Ok(()),
-        }
-    }
 }
 
 impl Policy {
@@ -196,6 +119,7 @@ impl Policy {
                 .map_err(|e| errors.push(e))
                 .ok()
         });
+        check_one_to_one(&rules, default_mirror.as_ref(), &mut errors);
         if settings.mirrors.is_empty() && settings.default_mirror.is_none() {
             errors.push("mirrors: no mirror is configured; set mirrors or defaultMirror, or the policy swaps nothing".to_string());
         }
@@ -225,27 +149,138 @@ impl Policy {
         if settings.verify_source && settings.swap_policy == SwapPolicy::Always {
             errors.push("verifySource: true needs swapPolicy: exists; swapPolicy: always swaps without looking".to_string());
         }
+        let budget = settings.lookup_budget_milliseconds;
+        if !(1..=MAX_LOOKUP_BUDGET_MS).contains(&budget) {
+            errors.push(format!(
+                "lookupBudgetMilliseconds: {budget} is not between 1 and {MAX_LOOKUP_BUDGET_MS}; keep it under the policy's timeoutEvalSeconds minus one second (default {DEFAULT_LOOKUP_BUDGET_MS}, for the default timeout of 2 s)"
+            ));
+        }
         if !errors.is_empty() {
             return Err(errors.join("; "));
         }
-        rules.sort_by_key(|rule| std::cmp::Reverse(rule.source.as_str().len()));
-        let targets = rules
-            .iter()
-            .map(|r| r.target.clone())
-            .chain(default_mirror.clone())
-            .collect();
         Ok(Policy {
-            rules,
-            default_mirror,
-            targets,
-            exclude,
+            router: Router::new(rules, default_mirror, exclude),
             swap_policy: settings.swap_policy,
             verify_source: settings.verify_source,
             platforms,
             pin_digest: settings.pin_digest,
             on_missing: settings.on_missing,
             on_lookup_error: settings.on_lookup_error,
+            lookup_budget_ms: budget,
         })
+    }
+}
+
+/// One way into the mirror, for the one-to-one check: a rule, or `defaultMirror`, whose
+/// source is every name (`<registry>/<name>`).
+struct Mapping<'r> {
+    field: String,
+    source: Option<&'r Prefix>,
+    target: &'r Prefix,
+}
+
+impl Mapping<'_> {
+    /// The source names that land under `target/suffix`: `source/suffix`, or for
+    /// `defaultMirror` names starting with `suffix`.
+    fn source_under(&self, suffix: &str) -> String {
+        match self.source {
+            Some(source) => source.join(suffix),
+            None => suffix.to_string(),
+        }
+    }
+
+    fn example(&self, rest: &str) -> String {
+        match self.source {
+            Some(source) => source.join(rest),
+            None => rest.to_string(),
+        }
+    }
+}
+
+/// No two distinct source names may map to one mirror name. Two ways in whose targets are
+/// equal or nested (`inner` = `outer/suffix`) meet unless the inner one mirrors exactly the
+/// outer one's `source/suffix`: then every name under it goes through the inner (more specific)
+/// rule to the very place the outer rule would have sent it. With every nested pair so, the
+/// ways in that could produce one mirror name all agree on its source name.
+///
+/// A source under any target never applies either: its images count as already swapped.
+fn check_one_to_one(rules: &[Rule], default_mirror: Option<&Prefix>, errors: &mut Vec<String>) {
+    let mappings: Vec<Mapping<'_>> = rules
+        .iter()
+        .map(|rule| Mapping {
+            field: format!("mirrors[{}]", rule.index),
+            source: Some(&rule.source),
+            target: &rule.target,
+        })
+        .chain(default_mirror.map(|registry| Mapping {
+            field: "defaultMirror".to_string(),
+            source: None,
+            target: registry,
+        }))
+        .collect();
+    for (i, inner) in mappings.iter().enumerate() {
+        for (j, outer) in mappings.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let Some(suffix) = outer.target.strip_from(inner.target.as_str()) else {
+                continue;
+            };
+            // Equal targets are reported once, from the later entry.
+            if suffix.is_empty() && j > i {
+                continue;
+            }
+            let consistent = !suffix.is_empty()
+                && inner.source.map(Prefix::as_str) == Some(outer.source_under(suffix).as_str());
+            if consistent {
+                continue;
+            }
+            let rest = match inner.source {
+                Some(_) => "app".to_string(),
+                None => "docker.io/library/app".to_string(),
+            };
+            let shared = inner.target.join(&rest);
+            let via_inner = inner.example(&rest);
+            let via_outer = match suffix {
+                "" => outer.example(&rest),
+                suffix => outer.example(&Prefix::new(suffix.to_string()).join(&rest)),
+            };
+            let relation = if suffix.is_empty() {
+                format!("is also the target of {}", outer.field)
+            } else {
+                format!(
+                    "lies under {}'s target {:?}",
+                    outer.field,
+                    outer.target.as_str()
+                )
+            };
+            errors.push(format!(
+                "{}: {:?} {relation}, so two images would share one mirror image: {via_inner:?} (via {}) and {via_outer:?} (via {}) would both become {shared:?}; give each rule a target of its own that does not nest in another",
+                target_field(&inner.field),
+                inner.target.as_str(),
+                inner.field,
+                outer.field,
+            ));
+        }
+    }
+    for rule in rules {
+        if let Some(owner) = mappings.iter().find(|m| rule.source.is_within(m.target)) {
+            errors.push(format!(
+                "mirrors[{}].source: {:?} lies under {}'s target {:?}: its images count as already swapped, so the rule would never apply",
+                rule.index,
+                rule.source.as_str(),
+                owner.field,
+                owner.target.as_str()
+            ));
+        }
+    }
+}
+
+fn target_field(mapping: &str) -> String {
+    if mapping == "defaultMirror" {
+        "defaultMirror.registry".to_string()
+    } else {
+        format!("{mapping}.target")
     }
 }
 
@@ -293,6 +328,15 @@ fn parse_prefix(field: &str, value: &str) -> Result<Prefix, String> {
     if !looks_like_registry_host(host) {
         return Err(format!(
             "{field}: {value:?}: {host:?} is not a registry host (it needs a '.', a ':port' or to be localhost), so runtimes would read it as docker.io/{value}"
+        ));
+    }
+    // Runtimes keep a host as written, and images name hosts in lower case: a rule for
+    // "Quay.io" would match no image, and a target with capitals would never be recognised as
+    // the "quay.io" an image names.
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(format!(
+            "{field}: {value:?}: registry host {host:?} has upper-case letters, and image references are matched as written (in lower case): write {:?}",
+            value.replacen(host, &host.to_ascii_lowercase(), 1)
         ));
     }
     if let Some(bad) = path
@@ -361,13 +405,18 @@ mod tests {
     #[test]
     fn rules_are_ordered_most_specific_first() {
         let policy = policy(
-            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/official"}]}"#,
+            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/library"}]}"#,
         )
         .expect("valid settings");
-        let sources: Vec<&str> = policy.rules.iter().map(|r| r.source.as_str()).collect();
+        let sources: Vec<&str> = policy
+            .router
+            .rules
+            .iter()
+            .map(|r| r.source.as_str())
+            .collect();
         assert_eq!(sources, ["docker.io/library", "docker.io"]);
-        let targets: Vec<&str> = policy.targets.iter().map(|t| t.as_str()).collect();
-        assert_eq!(targets, ["m.io/official", "m.io/hub"]);
+        let targets: Vec<&str> = policy.router.targets.iter().map(|t| t.as_str()).collect();
+        assert_eq!(targets, ["m.io/hub/library", "m.io/hub"]);
     }
 
     #[rstest]
@@ -483,6 +532,50 @@ mod tests {
         r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"swapPolicy":"always"}"#,
         "verifySource: true needs swapPolicy: exists"
     )]
+    #[case::shared_target(
+        r#"{"mirrors":[{"source":"docker.io","target":"mirror.example.com/hub"},{"source":"quay.io","target":"mirror.example.com/hub"}]}"#,
+        "mirrors[1].target: \"mirror.example.com/hub\" is also the target of mirrors[0], so two images would share one mirror image: \"quay.io/app\" (via mirrors[1]) and \"docker.io/app\" (via mirrors[0]) would both become \"mirror.example.com/hub/app\""
+    )]
+    #[case::nested_target(
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/official"}]}"#,
+        "mirrors[1].target: \"m.io/hub/official\" lies under mirrors[0]'s target \"m.io/hub\", so two images would share one mirror image: \"docker.io/library/app\" (via mirrors[1]) and \"docker.io/official/app\" (via mirrors[0])"
+    )]
+    #[case::default_mirror_nested_in_a_rule_target(
+        r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache"}],"defaultMirror":{"registry":"m.io/cache/all"}}"#,
+        "defaultMirror.registry: \"m.io/cache/all\" lies under mirrors[0]'s target \"m.io/cache\""
+    )]
+    #[case::rule_target_nested_in_default_mirror(
+        r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache/dockerhub"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
+        "mirrors[0].target: \"m.io/cache/dockerhub\" lies under defaultMirror's target \"m.io/cache\""
+    )]
+    #[case::rule_target_equal_to_default_mirror(
+        r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
+        "defaultMirror.registry: \"m.io/cache\" is also the target of mirrors[0]"
+    )]
+    #[case::source_under_another_target(
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"m.io/hub/team","target":"other.io/team"}]}"#,
+        "mirrors[1].source: \"m.io/hub/team\" lies under mirrors[0]'s target \"m.io/hub\": its images count as already swapped"
+    )]
+    #[case::source_under_default_mirror(
+        r#"{"mirrors":[{"source":"m.io/cache/quay.io","target":"other.io/q"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
+        "mirrors[0].source: \"m.io/cache/quay.io\" lies under defaultMirror's target \"m.io/cache\""
+    )]
+    #[case::upper_case_source_host(
+        r#"{"mirrors":[{"source":"Quay.io/argoproj","target":"m.io/q"}]}"#,
+        "mirrors[0].source: \"Quay.io/argoproj\": registry host \"Quay.io\" has upper-case letters, and image references are matched as written (in lower case): write \"quay.io/argoproj\""
+    )]
+    #[case::upper_case_target_host(
+        r#"{"mirrors":[{"source":"quay.io","target":"Mirror.example.com/q"}]}"#,
+        "mirrors[0].target: \"Mirror.example.com/q\": registry host \"Mirror.example.com\" has upper-case letters"
+    )]
+    #[case::budget_zero(
+        r#"{"defaultMirror":{"registry":"m.io"},"lookupBudgetMilliseconds":0}"#,
+        "lookupBudgetMilliseconds: 0 is not between 1 and 28000"
+    )]
+    #[case::budget_too_large(
+        r#"{"defaultMirror":{"registry":"m.io"},"lookupBudgetMilliseconds":30000}"#,
+        "lookupBudgetMilliseconds: 30000 is not between 1 and 28000"
+    )]
     fn validation_errors_name_the_field_and_value(#[case] json: &str, #[case] message: &str) {
         let error = policy(json).expect_err("invalid settings");
         assert!(
@@ -512,31 +605,137 @@ mod tests {
     #[case::platforms(
         r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"platforms":["linux/amd64","linux/arm/v7","windows/amd64"]}"#
     )]
+    #[case::nested_target_mirroring_the_same_path(
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/library","pullSecret":"official"}]}"#
+    )]
+    #[case::sibling_targets(
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"quay.io","target":"m.io/quay"}]}"#
+    )]
+    #[case::rule_in_default_mirror_layout(
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/cache/docker.io","pullSecret":"hub"}],"defaultMirror":{"registry":"m.io/cache"}}"#
+    )]
+    #[case::budget_bounds(
+        r#"{"defaultMirror":{"registry":"m.io"},"lookupBudgetMilliseconds":28000}"#
+    )]
     fn valid_settings_are_accepted(#[case] json: &str) {
         assert!(policy(json).is_ok(), "{:?}", policy(json).err());
     }
 }
 
+/// The test the one-to-one rule stands for: over many images and every accepted settings
+/// below, no two distinct normalised source references are routed to one mirror reference.
 #[cfg(test)]
-mod platform_tests {
-    use super::Platform;
-    use rstest::rstest;
+mod one_to_one_tests {
+    use super::*;
+    use crate::reference::Reference;
+    use crate::rules::Route;
+    use std::collections::BTreeMap;
 
-    #[rstest]
-    #[case::same("linux/amd64", ("linux", "amd64", None), true)]
-    #[case::any_variant("linux/arm64", ("linux", "arm64", Some("v8")), true)]
-    #[case::exact_variant("linux/arm/v7", ("linux", "arm", Some("v7")), true)]
-    #[case::other_variant("linux/arm/v7", ("linux", "arm", Some("v6")), false)]
-    #[case::variant_missing("linux/arm/v7", ("linux", "arm", None), false)]
-    #[case::other_arch("linux/amd64", ("linux", "arm64", None), false)]
-    #[case::other_os("linux/amd64", ("windows", "amd64", None), false)]
-    fn platforms_cover_index_entries(
-        #[case] wanted: &str,
-        #[case] entry: (&str, &str, Option<&str>),
-        #[case] covered: bool,
-    ) {
-        let platform = Platform::parse(wanted).expect("valid platform");
-        assert_eq!(platform.covers(entry.0, entry.1, entry.2), covered);
-        assert_eq!(platform.to_string(), wanted);
+    const ACCEPTED: &[&str] = &[
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/library"}]}"#,
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/cache/docker.io"},{"source":"quay.io/argoproj","target":"m.io/cache/quay.io/argoproj"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"quay.io","target":"m.io/quay"},{"source":"ghcr.io/org","target":"m.io/gh"}],"defaultMirror":{"registry":"cache.io/all"}}"#,
+    ];
+
+    fn images() -> Vec<String> {
+        let hosts = [
+            "docker.io",
+            "quay.io",
+            "ghcr.io",
+            "m.io",
+            "cache.io",
+            "registry.k8s.io",
+        ];
+        let paths = [
+            "app",
+            "library/app",
+            "official/app",
+            "argoproj/app",
+            "org/app",
+            "hub/app",
+            "quay/app",
+            "cache/docker.io/app",
+            "docker.io/app",
+            "quay.io/argoproj/app",
+            "docker.io/library/app",
+            "library/library/app",
+        ];
+        let mut images = Vec::new();
+        for host in hosts {
+            for path in paths {
+                images.push(format!("{host}/{path}:1"));
+            }
+        }
+        images
+    }
+
+    #[test]
+    fn accepted_settings_never_send_two_images_to_one_mirror_image() {
+        for settings in ACCEPTED {
+            let policy = Policy::from_settings(&parse_settings(settings.as_bytes()).expect("JSON"))
+                .unwrap_or_else(|e| panic!("{settings}: {e}"));
+            let mut seen: BTreeMap<String, String> = BTreeMap::new();
+            for image in images() {
+                let reference = Reference::parse(&image).expect("reference");
+                if let Route::Mirror(destination) = policy.router.route(&reference)
+                    && let Some(before) =
+                        seen.insert(destination.repository.clone(), reference.name().to_string())
+                    && before != reference.name()
+                {
+                    panic!(
+                        "{settings}: {before} and {} both go to {}",
+                        reference.name(),
+                        destination.repository
+                    );
+                }
+            }
+            assert!(
+                seen.len() > 10,
+                "{settings}: too few routed to prove anything"
+            );
+        }
+    }
+
+    /// The same images under settings the validation refuses: each does collide, so the
+    /// refusal is needed, not merely cautious.
+    #[test]
+    fn refused_settings_would_collide() {
+        for settings in [
+            r#"{"mirrors":[{"source":"docker.io","target":"mirror.example.com/hub"},{"source":"quay.io","target":"mirror.example.com/hub"}]}"#,
+            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/official"}]}"#,
+            r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache/docker.io"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
+        ] {
+            let parsed = parse_settings(settings.as_bytes()).expect("JSON");
+            assert!(Policy::from_settings(&parsed).is_err(), "{settings}");
+            // Route with the checks bypassed, to show the collision the check prevents.
+            let mut rules = Vec::new();
+            for (index, mirror) in parsed.mirrors.iter().enumerate() {
+                rules.push(Rule {
+                    index,
+                    source: Prefix::new(mirror.source.clone()),
+                    target: Prefix::new(mirror.target.clone()),
+                    pull_secret: None,
+                });
+            }
+            let default = parsed
+                .default_mirror
+                .as_ref()
+                .map(|d| Prefix::new(d.registry.clone()));
+            let router = Router::new(rules, default, Vec::new());
+            let mut seen: BTreeMap<String, String> = BTreeMap::new();
+            let collided = images().iter().any(|image| {
+                let reference = Reference::parse(image).expect("reference");
+                match router.route(&reference) {
+                    Route::Mirror(d) => seen
+                        .insert(d.repository, reference.name().to_string())
+                        .is_some_and(|before| before != reference.name()),
+                    _ => false,
+                }
+            });
+            assert!(
+                collided,
+                "{settings}: no collision found among the sample images"
+            );
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! settings survive a serialisation round trip.
 #![no_main]
 
-use image_swapper_policy::settings::{Policy, parse_settings};
+use image_swapper_policy::policy::Policy;
+use image_swapper_policy::settings::parse_settings;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

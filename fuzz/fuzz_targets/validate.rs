@@ -3,16 +3,33 @@
 //! digests the host answered or the Pod already had.
 #![no_main]
 
+use std::cell::Cell;
+use std::time::Duration;
+
+use image_swapper_policy::budget::Clock;
 use image_swapper_policy::decide::{IndexEntry, LookupError, Manifest, Registry};
-use image_swapper_policy::pod::{Outcome, admit};
-use image_swapper_policy::settings::{Policy, Settings, SwapPolicy};
+use image_swapper_policy::pod::{Verdict, admit};
+use image_swapper_policy::policy::{Policy, SwapPolicy};
+use image_swapper_policy::settings::Settings;
 use kubewarden_policy_sdk::request::ValidationRequest;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
-/// Answers chosen by the first bytes of the input, call after call.
+/// Time that passes only in lookups, as much as the script says.
+#[derive(Default)]
+struct FuzzClock(Cell<Duration>);
+
+impl Clock for FuzzClock {
+    fn now(&self) -> Duration {
+        self.0.get()
+    }
+}
+
+/// Answers chosen by the first bytes of the input, call after call; each call also takes
+/// (byte × 7) ms, so the lookup budget runs out on some inputs.
 struct FuzzRegistry<'a> {
     script: &'a [u8],
+    clock: &'a FuzzClock,
     calls: usize,
     answered: Vec<String>,
 }
@@ -25,6 +42,8 @@ impl FuzzRegistry<'_> {
             .copied()
             .unwrap_or(0);
         self.calls += 1;
+        let took = Duration::from_millis(u64::from(byte) * 7);
+        self.clock.0.set(self.clock.0.get() + took);
         byte
     }
 }
@@ -57,6 +76,8 @@ impl Registry for FuzzRegistry<'_> {
                     os: "linux".to_string(),
                     architecture: "amd64".to_string(),
                     variant: None,
+                    os_version: (byte % 3 == 0).then(|| "10.0.17763.1".to_string()),
+                    os_features: Vec::new(),
                 }],
             }),
             2 => Err(LookupError::Absent("manifest unknown".to_string())),
@@ -91,13 +112,17 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let before = images(&request.request.object);
+    // A re-applied original gets back the image the live Pod runs: no digest is verified then.
+    let running = images(&request.request.old_object);
+    let clock = FuzzClock::default();
     let mut registry = FuzzRegistry {
         script,
+        clock: &clock,
         calls: 0,
         answered: Vec::new(),
     };
-    let outcome = admit(request.request, &policy, &mut registry);
-    let Outcome::Mutate { object, .. } = outcome else {
+    let outcome = admit(request.request, &policy, &mut registry, &clock);
+    let Verdict::Mutate(object) = outcome.verdict else {
         return;
     };
     for (path, after) in images(&object) {
@@ -109,11 +134,15 @@ fuzz_target!(|data: &[u8]| {
         }
         assert!(
             policy
+                .router
                 .targets
                 .iter()
                 .any(|t| after.starts_with(&format!("{}/", t.as_str()))),
             "{after} is under no target"
         );
+        if running.iter().any(|(_, image)| *image == after) {
+            continue;
+        }
         if let Some((_, digest)) = after.split_once('@') {
             let known = registry.answered.iter().any(|d| d == digest) || original.contains(digest);
             assert!(known, "{after} carries a digest nobody verified");
