@@ -10,7 +10,15 @@ use rig::hosts::ReplayHost;
 use rig::{read_json, read_yaml, shared, validate, validate_settings};
 use serde_json::Value;
 
-fn check_case(dir: &Path) {
+/// Text a person reads: one line, no backtrace, no cause list.
+fn assert_one_line(name: &str, text: &str) {
+    assert!(
+        !text.contains('\n') && !text.contains("Stack backtrace") && !text.contains("Caused by"),
+        "{name}: {text:?}"
+    );
+}
+
+fn check_case(dir: &Path, backtrace: bool) {
     let name = dir
         .file_name()
         .and_then(|n| n.to_str())
@@ -33,7 +41,9 @@ fn check_case(dir: &Path) {
         (true, None),
         "{name}: settings should be valid"
     );
-    let replay = shared(ReplayHost::load(&dir.join("session.yml")).expect("session file"));
+    let mut replay = ReplayHost::load(&dir.join("session.yml")).expect("session file");
+    replay.backtrace = backtrace;
+    let replay = shared(replay);
     let response = validate(
         &settings,
         &read_json(&dir.join("request.json")),
@@ -59,6 +69,17 @@ fn check_case(dir: &Path) {
                 assert_eq!(mutated.pointer(path), Some(want), "{name}: {path}");
             }
         }
+    }
+    for text in response.warnings.iter().chain(&response.message) {
+        assert_one_line(&name, text);
+    }
+    for key in expect["auditAnnotations"].as_array().into_iter().flatten() {
+        let key = key.as_str().unwrap_or_default();
+        assert!(
+            response.audit.contains_key(key),
+            "{name}: audit annotations {:?} lack {key}",
+            response.audit
+        );
     }
     if let Some(warning) = expect["warning"].as_str() {
         assert!(
@@ -99,9 +120,18 @@ fn cases() -> Vec<std::path::PathBuf> {
 #[test]
 fn every_e2e_case_holds_in_the_rig() {
     let cases = cases();
-    assert!(cases.len() >= 10, "{} cases", cases.len());
+    assert!(cases.len() >= 12, "{} cases", cases.len());
     for dir in cases {
-        check_case(&dir);
+        check_case(&dir, false);
+    }
+}
+
+/// kwctl under `RUST_BACKTRACE=1` appends a stack backtrace to every replayed error text: the
+/// answers a person reads do not change.
+#[test]
+fn every_e2e_case_holds_with_host_backtraces() {
+    for dir in cases() {
+        check_case(&dir, true);
     }
 }
 

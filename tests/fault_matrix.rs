@@ -3,6 +3,7 @@
 
 mod rig;
 
+use rig::hosts::anyhow_debug;
 use rig::wapc::Host;
 use rig::{pod_request, shared, validate};
 use serde_json::{Value, json};
@@ -33,8 +34,19 @@ enum Expect {
 /// (name, host answer, what it means, what the message must quote)
 type Fault = (&'static str, Result<Vec<u8>, String>, Expect, &'static str);
 
+/// Each host text comes whole, as the real host writes it: the first line, the `Caused by:`
+/// list, and the backtrace of a host under `RUST_BACKTRACE=1`.
 fn faults() -> Vec<Fault> {
-    let error = |text: String| Err(text);
+    let error = |text: String| {
+        if text.is_empty() {
+            return Err(text);
+        }
+        let cause = text
+            .strip_prefix("Fail to interact with OCI registry: ")
+            .unwrap_or(&text)
+            .to_string();
+        Err(anyhow_debug(&[text, cause], true))
+    };
     let ok = |text: &str| Ok(text.as_bytes().to_vec());
     vec![
         (
@@ -43,7 +55,7 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Registry error: url {URL}, envelope: OCI API errors: [OCI API error: manifest unknown]"
             )),
             Expect::Missing,
-            "manifest unknown",
+            "the mirror does not have it (registry: manifest unknown)",
         ),
         (
             "absent repository",
@@ -59,7 +71,7 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Server error: url {URL}, code: 404, message: "
             )),
             Expect::Missing,
-            "code: 404",
+            "(HTTP 404 from https://mirror.example.com/v2/dockerhub/library/nginx/manifests/1.27)",
         ),
         (
             "unauthorised",
@@ -67,7 +79,7 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Registry error: url {URL}, envelope: OCI API errors: [OCI API error: authentication required]"
             )),
             Expect::LookupError,
-            "authentication required",
+            "could not look it up (registry: authentication required)",
         ),
         (
             "forbidden",
@@ -75,7 +87,7 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Server error: url {URL}, code: 403, message: denied"
             )),
             Expect::LookupError,
-            "code: 403",
+            "(HTTP 403 from https://mirror.example.com/v2/dockerhub/library/nginx/manifests/1.27: denied)",
         ),
         (
             "rate limited",
@@ -83,7 +95,7 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Server error: url {URL}, code: 429, message: toomanyrequests"
             )),
             Expect::LookupError,
-            "code: 429",
+            "HTTP 429 from",
         ),
         (
             "server error",
@@ -91,7 +103,7 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Server error: url {URL}, code: 503, message: unavailable"
             )),
             Expect::LookupError,
-            "code: 503",
+            "HTTP 503 from",
         ),
         (
             "timeout",
@@ -227,6 +239,10 @@ fn every_fault_follows_its_setting_and_never_swaps() {
                 assert!(response.accepted, "{context}");
                 response.warnings.join("\n")
             };
+            assert!(
+                !said.contains("Caused by") && !said.contains("backtrace"),
+                "{context}: {said:?}"
+            );
             for part in [
                 "\"nginx:1.27\"",
                 "\"mirror.example.com/dockerhub/library/nginx:1.27\"",

@@ -208,3 +208,99 @@ fn artifacthub_package_matches_metadata_and_questions() {
         "questions-ui.yml, verbatim"
     );
 }
+
+/// `kwctl scaffold artifacthub` parses the author as RFC 5322 name-addr entries ("name <email>",
+/// comma-separated; policy-evaluator's `parse_maintainers`) and refuses the metadata otherwise.
+fn maintainers(author: &str) -> Result<Vec<(String, String)>, String> {
+    author
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            let (name, rest) = entry
+                .split_once('<')
+                .ok_or(format!("{entry:?} is not \"name <email>\""))?;
+            let email = rest
+                .strip_suffix('>')
+                .ok_or(format!("{entry:?} does not end with '>'"))?;
+            let (local, domain) = email
+                .split_once('@')
+                .ok_or(format!("{email:?} is not an email address"))?;
+            let valid = !name.trim().is_empty()
+                && !local.is_empty()
+                && domain.contains('.')
+                && !email.contains(char::is_whitespace)
+                && !domain.contains('@');
+            if valid {
+                Ok((name.trim().to_string(), email.to_string()))
+            } else {
+                Err(format!("{entry:?} is not \"name <email>\""))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|list| {
+            if list.is_empty() {
+                Err("no author".to_string())
+            } else {
+                Ok(list)
+            }
+        })
+}
+
+#[test]
+fn the_author_is_what_kwctl_scaffold_accepts() {
+    for (author, ok) in [
+        (
+            "Tux Tuxedo <tux@example.com>, Pidgin <pidgin@example.com>",
+            true,
+        ),
+        ("image-swapper-policy developers", false),
+        ("Foo foo@example.com", false),
+        ("Bar <#$%#$%>", false),
+        ("", false),
+    ] {
+        assert_eq!(maintainers(author).is_ok(), ok, "{author}");
+    }
+    let metadata = metadata();
+    let author = annotation(&metadata, "io.kubewarden.policy.author");
+    let parsed = maintainers(&author).unwrap_or_else(|e| panic!("{e}"));
+    let package = rig::read_yaml(&rig::root().join("artifacthub-pkg.yml"));
+    let listed: Vec<(String, String)> = package["maintainers"]
+        .as_array()
+        .expect("maintainers")
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap_or_default().to_string(),
+                m["email"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed, parsed,
+        "maintainers as kwctl derives them from the author"
+    );
+}
+
+/// The rest of what `kwctl scaffold artifacthub` derives: the links from the source URL on
+/// GitHub, the fixed provider and recommendation.
+#[test]
+fn artifacthub_links_provider_and_recommendations_are_derived() {
+    let metadata = metadata();
+    let package = rig::read_yaml(&rig::root().join("artifacthub-pkg.yml"));
+    let source = annotation(&metadata, "io.kubewarden.policy.source");
+    let version = annotation(&metadata, "io.kubewarden.policy.version");
+    assert!(source.starts_with("https://github.com/"));
+    assert_eq!(
+        package["links"],
+        json!([
+            {"name": "policy", "url": format!("{source}/releases/download/v{version}/policy.wasm")},
+            {"name": "source", "url": source},
+        ])
+    );
+    assert_eq!(package["provider"], json!({"name": "kubewarden"}));
+    assert_eq!(
+        package["recommendations"],
+        json!([{"url": "https://artifacthub.io/packages/helm/kubewarden/kubewarden-controller"}])
+    );
+}

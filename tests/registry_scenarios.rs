@@ -57,8 +57,14 @@ fn pruned_mirror_falls_back_at_the_next_admission_and_recovers_when_refilled() {
 
     let first = validate(&settings, &request, host.clone());
     assert_eq!(first.image("containers", 0), Some(swapped.as_str()));
+    assert_eq!(
+        first.audit["swapped"],
+        json!([{"container": "web", "from": "nginx:1.27", "to": swapped}])
+    );
 
     mirror.delete_manifest(REPOSITORY, &digest).expect("prune");
+    // The host now runs with RUST_BACKTRACE=1: its texts carry a cause list and a backtrace.
+    host.lock().unwrap().backtrace = true;
     let after_prune = validate(&settings, &request, host.clone());
     assert!(after_prune.accepted);
     assert!(
@@ -70,11 +76,19 @@ fn pruned_mirror_falls_back_at_the_next_admission_and_recovers_when_refilled() {
         "{:?}",
         after_prune.warnings
     );
-    assert!(
-        after_prune.warned("manifest unknown"),
-        "{:?}",
-        after_prune.warnings
+    assert_eq!(
+        after_prune.warnings,
+        [format!(
+            "image \"nginx:1.27\": kept, not swapped to \"{}/{REPOSITORY}:1.27\": the mirror does not have it (registry: manifest unknown)",
+            mirror.host
+        )],
+        "one line, the registry's words once, no backtrace"
     );
+    assert_eq!(
+        after_prune.audit["kept"],
+        json!([{"image": "nginx:1.27", "reason": "absent"}])
+    );
+    host.lock().unwrap().backtrace = false;
 
     image.push(&mirror, REPOSITORY, Some("1.27"));
     let refilled = validate(&settings, &request, host.clone());
@@ -130,6 +144,10 @@ fn mirror_down_follows_on_lookup_error_and_swaps_nothing() {
     mirror.stop();
     let request = one_container("nginx:1.27");
     let host = shared(LiveHost::default());
+    let refused = format!(
+        "could not look it up (error sending request for url (http://{}/v2/{REPOSITORY}/manifests/1.27): Connection refused (os error 111))",
+        mirror.host
+    );
 
     let kept = validate(
         &settings(&mirror, json!({"onMissing": "reject"})),
@@ -140,27 +158,24 @@ fn mirror_down_follows_on_lookup_error_and_swaps_nothing() {
         kept.accepted && kept.mutated.is_none(),
         "an outage is not a missing image"
     );
-    assert!(
-        kept.warned(
-            "could not look it up (Fail to interact with OCI registry: error sending request"
-        ),
-        "{:?}",
-        kept.warnings
-    );
+    assert!(kept.warned(&refused), "{:?}", kept.warnings);
 
+    host.lock().unwrap().backtrace = true;
     let rejected = validate(
         &settings(&mirror, json!({"onLookupError": "reject"})),
         &request,
         host.clone(),
     );
     assert!(!rejected.accepted && rejected.mutated.is_none());
+    let message = rejected.message.clone().unwrap_or_default();
     assert!(
-        rejected
-            .message
-            .as_deref()
-            .is_some_and(|m| m.contains("onLookupError is reject")),
-        "{:?}",
-        rejected.message
+        message.ends_with(&format!("{refused}; onLookupError is reject")),
+        "{message:?}"
+    );
+    assert!(!message.contains('\n') && !message.contains("backtrace"));
+    assert_eq!(
+        rejected.audit["rejected"],
+        json!([{"image": "nginx:1.27", "reason": "lookup-error"}])
     );
 
     mirror.resume().expect("registry back");
@@ -247,6 +262,17 @@ fn invalid_settings_are_refused_with_the_field_and_value() {
             "exclud: unknown field `exclud`",
         ),
         (json!({}), "mirrors: no mirror is configured"),
+        (
+            json!({"mirrors": [
+                {"source": "docker.io", "target": "mirror.example.com/hub"},
+                {"source": "quay.io", "target": "mirror.example.com/hub"}
+            ]}),
+            "mirrors[1].target: \"mirror.example.com/hub\" is also the target of mirrors[0], so two images would share one mirror image",
+        ),
+        (
+            json!({"mirrors": [{"source": "Quay.io", "target": "m.io/q"}]}),
+            "mirrors[0].source: \"Quay.io\": registry host \"Quay.io\" has upper-case letters",
+        ),
     ] {
         let (valid, answer) = validate_settings(&settings);
         assert!(!valid, "{settings}");
@@ -259,5 +285,43 @@ fn invalid_settings_are_refused_with_the_field_and_value() {
     assert_eq!(
         validate_settings(&json!({"defaultMirror": {"registry": "m.io/cache"}})),
         (true, None)
+    );
+}
+
+/// The rig's host writes what kwctl 1.31 wrote against a distribution registry on loopback
+/// (KUBEWARDEN.md, recorded live), whole: first line and `Caused by:` list, with the backtrace
+/// appended in `RUST_BACKTRACE=1` mode.
+#[test]
+fn the_rig_host_writes_the_real_hosts_whole_error_texts() {
+    use rig::hosts::BACKTRACE;
+    use rig::wapc::Host;
+    let mut registry = TestRegistry::start("texts").expect("registry");
+    let image = json!(format!("{}/up/library/nope:1.0", registry.host)).to_string();
+    let ask = |backtrace: bool| {
+        let mut host = LiveHost {
+            backtrace,
+            ..LiveHost::default()
+        };
+        let payload = image.clone();
+        host.call(
+            "kubewarden",
+            "oci",
+            "v1/manifest_digest",
+            payload.as_bytes(),
+        )
+        .expect_err("no such image")
+    };
+    let url = format!("http://{}/v2/up/library/nope/manifests/1.0", registry.host);
+    let absent = format!(
+        "Fail to interact with OCI registry: Registry error: url {url}, envelope: OCI API errors: [OCI API error: manifest unknown]\n\nCaused by:\n    Registry error: url {url}, envelope: OCI API errors: [OCI API error: manifest unknown]"
+    );
+    assert_eq!(ask(false), absent);
+    assert_eq!(ask(true), format!("{absent}{BACKTRACE}"));
+    registry.stop();
+    assert_eq!(
+        ask(false),
+        format!(
+            "Fail to interact with OCI registry: error sending request for url ({url})\n\nCaused by:\n    0: error sending request for url ({url})\n    1: client error (Connect)\n    2: tcp connect error\n    3: Connection refused (os error 111)"
+        )
     );
 }

@@ -1,8 +1,10 @@
 //! Answers to the guest's OCI host calls: live from a registry over HTTP (with the error texts
-//! Kubewarden's host gives), replayed from a `kwctl` session file, or instant from memory.
+//! Kubewarden's host gives), replayed from a `kwctl` session file, or instant from memory; and
+//! the host's process-wide lock around lookups.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -38,7 +40,8 @@ pub struct Exchange {
 
 impl Exchange {
     fn yaml(&self) -> String {
-        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+        // A JSON string is a YAML double-quoted scalar: multi-line host texts survive as "\n".
+        let quote = |s: &str| serde_json::Value::from(s).to_string();
         let response = match &self.answer {
             Ok(payload) => format!("    type: Success\n    payload: {}\n", quote(payload)),
             Err(message) => format!("    type: Error\n    message: {}\n", quote(message)),
@@ -59,21 +62,67 @@ fn parse_image_payload(payload: &[u8]) -> Result<String, String> {
         .map_err(|e| format!("the payload is not a JSON string: {e}"))
 }
 
-/// Answers from a real registry over plain HTTP, and records every exchange.
-pub struct LiveHost {
-    agent: ureq::Agent,
-    pub exchanges: Vec<Exchange>,
-}
-
-impl Default for LiveHost {
-    fn default() -> Self {
-        LiveHost {
-            agent: ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(5))
-                .build(),
-            exchanges: Vec::new(),
+/// How Kubewarden's host words a failed lookup: Rust `anyhow`'s debug form of its error chain
+/// (policy-evaluator answers `format!("Callback evaluation failure: {e:?}")`): the first line,
+/// then `Caused by:` with the chain below it (unnumbered when it has one entry), and, when the
+/// process runs with `RUST_BACKTRACE=1`, a stack backtrace.
+pub fn anyhow_debug(chain: &[String], backtrace: bool) -> String {
+    let mut text = chain.first().cloned().unwrap_or_default();
+    match &chain[1.min(chain.len())..] {
+        [] => {}
+        [cause] => text.push_str(&format!("\n\nCaused by:\n    {cause}")),
+        causes => {
+            text.push_str("\n\nCaused by:");
+            for (n, cause) in causes.iter().enumerate() {
+                text.push_str(&format!("\n    {n}: {cause}"));
+            }
         }
     }
+    if backtrace {
+        text.push_str(BACKTRACE);
+    }
+    text
+}
+
+/// What anyhow appends under `RUST_BACKTRACE=1`: twenty-odd frames of the host's own code.
+pub const BACKTRACE: &str = "\n\nStack backtrace:
+   0: anyhow::error::<impl core::convert::From<E> for anyhow::Error>::from
+   1: <core::result::Result<T,F> as core::ops::try_trait::FromResidual<core::result::Result<core::convert::Infallible,E>>>::from_residual
+   2: policy_fetcher::registry::Registry::manifest_digest::{{closure}}
+   3: policy_evaluator::callback_handler::oci::Client::digest::{{closure}}
+   4: policy_evaluator::callback_handler::get_oci_digest_cached::{{closure}}::{{closure}}
+   5: policy_evaluator::callback_handler::get_oci_digest_cached::{{closure}}
+   6: policy_evaluator::callback_handler::CallbackHandler::loop_eval::{{closure}}
+   7: tokio::runtime::task::core::Core<T,S>::poll::{{closure}}
+   8: tokio::runtime::task::core::Core<T,S>::poll
+   9: tokio::runtime::task::harness::Harness<T,S>::poll
+  10: tokio::runtime::scheduler::multi_thread::worker::Context::run_task
+  11: tokio::runtime::scheduler::multi_thread::worker::Context::run
+  12: tokio::runtime::context::scoped::Scoped<T>::set
+  13: tokio::runtime::context::runtime::enter_runtime
+  14: tokio::runtime::scheduler::multi_thread::worker::run
+  15: tokio::runtime::task::core::Core<T,S>::poll
+  16: tokio::runtime::task::harness::Harness<T,S>::poll
+  17: tokio::runtime::blocking::pool::Inner::run
+  18: std::sys::backtrace::__rust_begin_short_backtrace
+  19: core::ops::function::FnOnce::call_once{{vtable.shim}}
+  20: std::sys::pal::unix::thread::Thread::new::thread_start
+  21: start_thread
+  22: clone3";
+
+/// Whether the host process would append backtraces: `RUST_BACKTRACE=1` (or `full`).
+pub fn backtrace_from_env() -> bool {
+    std::env::var("RUST_BACKTRACE").is_ok_and(|v| v != "0")
+}
+
+/// Answers from a real registry over plain HTTP, and records every exchange. Like the real
+/// host, it builds a new client for every call: a fresh connection, `GET /v2/`, then the
+/// lookup, so a distant registry costs what it costs a cluster.
+#[derive(Default)]
+pub struct LiveHost {
+    pub exchanges: Vec<Exchange>,
+    /// Append a stack backtrace to error texts, as a host under `RUST_BACKTRACE=1` does.
+    pub backtrace: bool,
 }
 
 /// `host/repository[:tag|@digest]` split as the registry API needs it.
@@ -95,19 +144,40 @@ pub fn locate(image: &str) -> Result<(String, String, String), String> {
     ))
 }
 
+/// The prefix policy-fetcher's `RegistryError::OCIRegistryError` puts before oci-client's error.
+const REGISTRY_PREFIX: &str = "Fail to interact with OCI registry";
+
 impl LiveHost {
-    fn get(&self, url: &str) -> Result<ureq::Response, String> {
-        self.agent
+    /// One client per lookup, as the host builds one per call: its connection serves the
+    /// lookup's requests and is closed with it, never reused by the next lookup.
+    fn client() -> ureq::Agent {
+        ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(10))
+            .build()
+    }
+
+    /// The host's OCI client pings `/v2/` before its first request (authentication discovery).
+    fn ping(&self, agent: &ureq::Agent, host: &str, url: &str) -> Result<(), String> {
+        match agent.get(&format!("http://{host}/v2/")).call() {
+            // Reading the body returns the connection to the client for the lookup itself.
+            Ok(response) => response.into_string().map(drop).map_err(|e| e.to_string()),
+            Err(ureq::Error::Status(..)) => Ok(()),
+            Err(error) => Err(self.error_text(url, error)),
+        }
+    }
+
+    fn get(&self, agent: &ureq::Agent, url: &str) -> Result<ureq::Response, String> {
+        agent
             .get(url)
             .set("Accept", ACCEPT)
             .call()
             .map_err(|e| self.error_text(url, e))
     }
 
-    /// The texts Kubewarden's host (oci-client) gives, as recorded from kwctl 1.31.
+    /// The texts Kubewarden's host (policy-fetcher over oci-client over reqwest) gives, whole,
+    /// as recorded from kwctl 1.31.
     fn error_text(&self, url: &str, error: ureq::Error) -> String {
-        const PREFIX: &str = "Fail to interact with OCI registry";
-        match error {
+        let chain: Vec<String> = match error {
             ureq::Error::Status(code, response) => {
                 let body = response.into_string().unwrap_or_default();
                 let messages: Vec<String> = serde_json::from_str::<Value>(&body)
@@ -118,30 +188,58 @@ impl LiveHost {
                     .filter_map(|e| e.get("message").and_then(Value::as_str))
                     .map(|m| format!("OCI API error: {m}"))
                     .collect();
-                if messages.is_empty() {
-                    format!("{PREFIX}: Server error: url {url}, code: {code}, message: {body}")
+                // oci-client's OciEnvelope joins its errors with a newline.
+                let error = if messages.is_empty() {
+                    format!("Server error: url {url}, code: {code}, message: {body}")
                 } else {
                     format!(
-                        "{PREFIX}: Registry error: url {url}, envelope: OCI API errors: [{}]",
-                        messages.join(", ")
+                        "Registry error: url {url}, envelope: OCI API errors: [{}]",
+                        messages.join("\n")
                     )
-                }
+                };
+                vec![format!("{REGISTRY_PREFIX}: {error}"), error]
             }
-            ureq::Error::Transport(_) => format!("{PREFIX}: error sending request for url ({url})"),
-        }
+            ureq::Error::Transport(transport) => {
+                let sending = format!("error sending request for url ({url})");
+                let mut chain = vec![format!("{REGISTRY_PREFIX}: {sending}"), sending];
+                match transport.kind() {
+                    ureq::ErrorKind::ConnectionFailed => {
+                        let root = std::error::Error::source(&transport)
+                            .map(ToString::to_string)
+                            .unwrap_or_else(|| "Connection refused (os error 111)".to_string());
+                        chain.extend([
+                            "client error (Connect)".to_string(),
+                            "tcp connect error".to_string(),
+                            root,
+                        ]);
+                    }
+                    ureq::ErrorKind::Io => chain.push("operation timed out".to_string()),
+                    _ => chain.push(transport.to_string()),
+                }
+                chain
+            }
+        };
+        anyhow_debug(&chain, self.backtrace)
     }
 
     fn manifest_digest(&self, image: &str) -> Result<String, String> {
         let (host, repository, reference) = locate(image)?;
         let url = format!("http://{host}/v2/{repository}/manifests/{reference}");
-        match self.agent.head(&url).set("Accept", ACCEPT).call() {
+        let agent = Self::client();
+        self.ping(&agent, &host, &url)?;
+        match agent.head(&url).set("Accept", ACCEPT).call() {
             Ok(response) => match response.header("Docker-Content-Digest") {
                 Some(digest) => Ok(json!({ "digest": digest }).to_string()),
-                None => Err(format!("no Docker-Content-Digest from {url}")),
+                None => Err(anyhow_debug(
+                    &[format!(
+                        "{REGISTRY_PREFIX}: Registry did not return a digest header"
+                    )],
+                    self.backtrace,
+                )),
             },
             // A HEAD answer has no body: ask again for the registry's own words.
             Err(ureq::Error::Status(..)) => Err(self
-                .get(&url)
+                .get(&agent, &url)
                 .err()
                 .unwrap_or_else(|| format!("{url} answered HEAD and GET differently"))),
             Err(error) => Err(self.error_text(&url, error)),
@@ -151,14 +249,21 @@ impl LiveHost {
     fn manifest(&self, image: &str) -> Result<Value, String> {
         let (host, repository, reference) = locate(image)?;
         let url = format!("http://{host}/v2/{repository}/manifests/{reference}");
-        let body = self.get(&url)?.into_string().map_err(|e| e.to_string())?;
+        let agent = Self::client();
+        self.ping(&agent, &host, &url)?;
+        let body = self
+            .get(&agent, &url)?
+            .into_string()
+            .map_err(|e| e.to_string())?;
         serde_json::from_str(&body).map_err(|e| format!("manifest of {image} is not JSON: {e}"))
     }
 
     fn manifest_and_config(&self, image: &str) -> Result<String, String> {
         let (host, repository, reference) = locate(image)?;
         let url = format!("http://{host}/v2/{repository}/manifests/{reference}");
-        let response = self.get(&url)?;
+        let agent = Self::client();
+        self.ping(&agent, &host, &url)?;
+        let response = self.get(&agent, &url)?;
         let digest = response
             .header("Docker-Content-Digest")
             .unwrap_or_default()
@@ -168,13 +273,11 @@ impl LiveHost {
         let config_digest = manifest
             .pointer("/config/digest")
             .and_then(Value::as_str)
-            .ok_or_else(|| {
-                format!("Fail to interact with OCI registry: {image} is not an image manifest")
-            })?;
+            .ok_or_else(|| format!("{REGISTRY_PREFIX}: {image} is not an image manifest"))?;
         let config_url = format!("http://{host}/v2/{repository}/blobs/{config_digest}");
         let config: Value = serde_json::from_str(
             &self
-                .get(&config_url)?
+                .get(&agent, &config_url)?
                 .into_string()
                 .map_err(|e| e.to_string())?,
         )
@@ -247,6 +350,8 @@ enum RecordedRequest {
 pub struct ReplayHost {
     pending: VecDeque<Exchange>,
     pub calls: Vec<String>,
+    /// kwctl under `RUST_BACKTRACE=1` appends a backtrace to the replayed error texts.
+    pub backtrace: bool,
 }
 
 impl ReplayHost {
@@ -277,6 +382,7 @@ impl ReplayHost {
         Ok(ReplayHost {
             pending,
             calls: Vec::new(),
+            backtrace: false,
         })
     }
 
@@ -304,7 +410,11 @@ impl Host for ReplayHost {
         // Like kwctl, the entry is consumed before it is compared.
         match self.pending.pop_front() {
             Some(expected) if expected.tag == tag && expected.image == image => {
-                expected.answer.map(String::into_bytes)
+                match expected.answer {
+                    Ok(payload) => Ok(payload.into_bytes()),
+                    Err(message) if self.backtrace => Err(format!("{message}{BACKTRACE}")),
+                    Err(message) => Err(message),
+                }
             }
             _ => Err(format!("Replay error: unexpected request {tag} {image}")),
         }
@@ -332,5 +442,67 @@ impl Host for InstantHost {
             Some(digest) => Ok(json!({ "digest": digest }).to_string().into_bytes()),
             None => Err("Fail to interact with OCI registry: Registry error: url instant, envelope: OCI API errors: [OCI API error: manifest unknown]".to_string()),
         }
+    }
+}
+
+/// policy-evaluator's lock around OCI lookups: each operation is wrapped in
+/// `#[cached(..., sync_writes = ...)]`, which takes one process-wide lock before every call
+/// (cache hits included) and holds it across an uncached lookup. Waiters are served first come,
+/// first served. Every evaluation's host shares one `LookupLock` and one inner host.
+#[derive(Default)]
+pub struct LookupLock {
+    tickets: Mutex<(u64, u64)>,
+    turn: Condvar,
+}
+
+impl LookupLock {
+    fn hold<T>(&self, work: impl FnOnce() -> T) -> T {
+        let ticket = {
+            let mut state = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+            let ticket = state.0;
+            state.0 += 1;
+            while state.1 != ticket {
+                state = self.turn.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            ticket
+        };
+        let result = work();
+        let mut state = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        state.1 = ticket + 1;
+        self.turn.notify_all();
+        result
+    }
+}
+
+/// One evaluation's view of a host shared by several concurrent evaluations, behind the lock.
+pub struct SerialisedHost<H> {
+    pub lock: Arc<LookupLock>,
+    pub inner: Arc<Mutex<H>>,
+}
+
+impl<H> Clone for SerialisedHost<H> {
+    fn clone(&self) -> Self {
+        SerialisedHost {
+            lock: self.lock.clone(),
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<H: Host> Host for SerialisedHost<H> {
+    fn call(
+        &mut self,
+        binding: &str,
+        namespace: &str,
+        operation: &str,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let inner = self.inner.clone();
+        self.lock.hold(|| {
+            inner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .call(binding, namespace, operation, payload)
+        })
     }
 }

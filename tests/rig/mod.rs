@@ -4,6 +4,7 @@
 
 pub mod hosts;
 pub mod images;
+pub mod proxy;
 pub mod registry;
 pub mod wapc;
 
@@ -41,6 +42,8 @@ pub struct Response {
     pub message: Option<String>,
     pub warnings: Vec<String>,
     pub mutated: Option<Value>,
+    /// `audit_annotations`, each value parsed as the JSON it is.
+    pub audit: serde_json::Map<String, Value>,
 }
 
 impl Response {
@@ -75,6 +78,17 @@ pub fn parse_response(bytes: &[u8]) -> Response {
             .get("mutated_object")
             .filter(|v| !v.is_null())
             .cloned(),
+        audit: value["audit_annotations"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(key, text)| {
+                let text = text.as_str().expect("audit annotation values are strings");
+                let parsed = serde_json::from_str(text)
+                    .unwrap_or_else(|e| panic!("audit annotation {key} is not JSON: {e}"));
+                (key.clone(), parsed)
+            })
+            .collect(),
     }
 }
 

@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use sha2::Digest;
+
 use wasmtime::error::Context;
 use wasmtime::{
     Caller, Config, Engine, Instance, InstancePre, Linker, Memory, Module, Store, TypedFunc,
@@ -63,8 +65,7 @@ impl WasmPolicy {
         let mut config = Config::new();
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
         let engine = Engine::new(&config)?;
-        let module = Module::from_file(&engine, path)
-            .with_context(|| format!("loading {}", path.display()))?;
+        let module = compiled(&engine, path)?;
         let mut linker: Linker<State> = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut State| &mut state.wasi)?;
         add_wapc_imports(&mut linker)?;
@@ -152,6 +153,36 @@ impl ReusedInstance {
             memory_bytes,
         }
     }
+}
+
+/// The module compiled for `engine`, from a cache of earlier compilations when one matches the
+/// module's bytes and the engine's settings (policy-server keeps compiled modules too); a debug
+/// build of wasmtime takes seconds to compile the policy, and every test process and kwctl
+/// stand-in run would pay it.
+fn compiled(engine: &Engine, path: &Path) -> wasmtime::Result<Module> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let bytes = std::fs::read(path).with_context(|| format!("loading {}", path.display()))?;
+    let mut key = DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut key);
+    let digest = sha2::Sha256::digest(&bytes);
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/rig-modules");
+    let cached = dir.join(format!("{digest:x}-{:016x}.cwasm", key.finish()));
+    // SAFETY: the file is one this function wrote with `Module::serialize` for an engine with
+    // the same compatibility hash; a file that does not deserialise is compiled afresh.
+    if let Ok(module) = unsafe { Module::deserialize_file(engine, &cached) } {
+        return Ok(module);
+    }
+    let module =
+        Module::new(engine, &bytes).with_context(|| format!("compiling {}", path.display()))?;
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let partial = cached.with_extension(format!("{}.partial", std::process::id()));
+        if let Ok(serialized) = module.serialize()
+            && std::fs::write(&partial, serialized).is_ok()
+        {
+            let _ = std::fs::rename(&partial, &cached);
+        }
+    }
+    Ok(module)
 }
 
 fn memory(caller: &mut Caller<'_, State>) -> wasmtime::Result<Memory> {

@@ -1,0 +1,232 @@
+//! A registry far away, through the built module: the lookup budget keeps every admission inside
+//! policy-server's evaluation timeout. The mirror is a real registry behind a proxy that adds
+//! round trips to every connection and request; the module reads its own clock (WASI
+//! `clock_time_get`), which is how these tests also show that the clock works under the host.
+
+mod rig;
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rig::hosts::{LiveHost, LookupLock, SerialisedHost};
+use rig::images::Image;
+use rig::proxy::LatencyProxy;
+use rig::registry::TestRegistry;
+use rig::wapc::SharedHost;
+use rig::{Response, pod_request, shared, validate};
+use serde_json::{Value, json};
+
+const BUDGET_MS: u64 = 800;
+
+/// A mirror holding `app0:1` … `app{n-1}:1` under `hub/library/`.
+fn filled_mirror(name: &str, n: usize) -> TestRegistry {
+    let mirror = TestRegistry::start(name).expect("registry");
+    for i in 0..n {
+        Image::new(&format!("app {i}"), "linux/amd64").push(
+            &mirror,
+            &format!("hub/library/app{i}"),
+            Some("1"),
+        );
+    }
+    mirror
+}
+
+fn pod(images: impl Iterator<Item = String>) -> Value {
+    let containers: Vec<Value> = images
+        .enumerate()
+        .map(|(i, image)| json!({"name": format!("c{i}"), "image": image}))
+        .collect();
+    pod_request("CREATE", json!({ "containers": containers }))
+}
+
+fn settings(mirror_host: &str, extra: Value) -> Value {
+    let mut settings = json!({
+        "mirrors": [{"source": "docker.io", "target": format!("{mirror_host}/hub")}],
+        "lookupBudgetMilliseconds": BUDGET_MS,
+    });
+    if let (Some(settings), Some(extra)) = (settings.as_object_mut(), extra.as_object()) {
+        settings.extend(extra.clone());
+    }
+    settings
+}
+
+/// The images of the mutated Pod, or the requested ones when nothing changed.
+fn images(response: &Response, request: &Value) -> Vec<String> {
+    let pod = response.mutated.as_ref().unwrap_or(&request["object"]);
+    pod["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .map(|c| c["image"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// How many of the first containers were swapped; asserts the rest were kept as written.
+fn swapped_prefix(images: &[String], mirror_host: &str) -> usize {
+    let swapped = images
+        .iter()
+        .take_while(|i| i.starts_with(mirror_host) && i.contains("@sha256:"))
+        .count();
+    for (i, image) in images.iter().enumerate().skip(swapped) {
+        assert_eq!(
+            image,
+            &format!("app{i}:1"),
+            "container {i}: kept as written"
+        );
+    }
+    swapped
+}
+
+#[test]
+fn a_pod_of_30_images_on_a_mirror_100_ms_away_is_admitted_in_time_with_the_first_swapped() {
+    let mirror = filled_mirror("far", 30);
+    let far = LatencyProxy::start(&mirror.host, Duration::from_millis(100)).expect("proxy");
+    let request = pod((0..30).map(|i| format!("app{i}:1")));
+    let host = shared(LiveHost::default());
+    rig::policy(); // compiled once per process, as policy-server does, before the clock starts
+    let started = Instant::now();
+    let response = validate(&settings(&far.host, json!({})), &request, host.clone());
+    let took = started.elapsed();
+
+    assert!(response.accepted, "{response:?}");
+    let images = images(&response, &request);
+    let swapped = swapped_prefix(&images, &far.host);
+    let lookups = host.lock().unwrap().exchanges.len();
+    assert!((1..30).contains(&swapped), "{swapped} swapped: {images:?}");
+    assert_eq!(
+        lookups, swapped,
+        "one lookup per swapped image, none after the budget"
+    );
+    let kept = 30 - swapped;
+    let warning = response
+        .warnings
+        .iter()
+        .find(|w| w.starts_with("lookup budget of 800 ms spent: "))
+        .unwrap_or_else(|| panic!("no budget warning in {:?}", response.warnings));
+    assert!(
+        warning.contains(&format!(
+            "on {lookups} lookups (slowest "
+        )) && warning.contains(&format!("{kept} images were not looked up or compared in time and kept as they were (onLookupError is keep)")),
+        "{warning}"
+    );
+    // A lookup costs four round trips (connect, TLS, GET /v2/, HEAD): 400 ms. The budget
+    // stops before one would end past 800 ms, so the evaluation ends within the budget and
+    // one lookup, far inside the 1 s policy-server may allow with its default timeout tick.
+    assert!(
+        took < Duration::from_millis(BUDGET_MS + 400 + 300),
+        "took {took:?}"
+    );
+    // The module's own clock saw the lookups take their time.
+    let summary = &response.audit["summary"];
+    let spent = summary["lookupMilliseconds"].as_u64().expect("spent");
+    assert!(
+        spent >= 400 * lookups as u64 - 50 && spent as u128 <= took.as_millis(),
+        "the module measured {spent} ms of {took:?}"
+    );
+    assert_eq!(summary["kept"], json!(kept));
+    assert_eq!(summary["notLookedUp"], json!(kept));
+}
+
+#[test]
+fn with_on_lookup_error_reject_the_budget_refuses_the_pod_and_says_why() {
+    let mirror = filled_mirror("far-reject", 30);
+    let far = LatencyProxy::start(&mirror.host, Duration::from_millis(100)).expect("proxy");
+    let request = pod((0..30).map(|i| format!("app{i}:1")));
+    let response = validate(
+        &settings(&far.host, json!({"onLookupError": "reject"})),
+        &request,
+        shared(LiveHost::default()),
+    );
+    assert!(!response.accepted);
+    let message = response.message.unwrap_or_default();
+    assert!(
+        message.starts_with("lookup budget of 800 ms spent: ")
+            && message.contains(
+                "not looked up or compared in time and refused (onLookupError is reject)"
+            ),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_same_pod_on_a_near_mirror_is_swapped_whole() {
+    let mirror = filled_mirror("near", 30);
+    let request = pod((0..30).map(|i| format!("app{i}:1")));
+    let host = shared(LiveHost::default());
+    let response = validate(&settings(&mirror.host, json!({})), &request, host.clone());
+    assert!(response.accepted);
+    let images = images(&response, &request);
+    assert_eq!(
+        swapped_prefix(&images, &mirror.host),
+        30,
+        "{:?}",
+        response.warnings
+    );
+    assert!(response.warnings.is_empty(), "{:?}", response.warnings);
+    assert_eq!(host.lock().unwrap().exchanges.len(), 30);
+}
+
+/// policy-server's workers evaluate concurrently while its host serialises lookups behind one
+/// lock. Four evaluations of eight fresh images each, the mirror 20 ms away: none overruns
+/// (each ends within the budget, plus the wait for one lookup of each other evaluation and one
+/// of its own), none is refused, and the images each looked up in time are swapped.
+#[test]
+fn four_concurrent_admissions_share_the_serialised_host_and_all_finish_in_time() {
+    const WORKERS: usize = 4;
+    const IMAGES: usize = 8;
+    let mirror = filled_mirror("busy", WORKERS * IMAGES);
+    let far = LatencyProxy::start(&mirror.host, Duration::from_millis(20)).expect("proxy");
+    let lock = Arc::new(LookupLock::default());
+    let live = Arc::new(Mutex::new(LiveHost::default()));
+    rig::policy();
+    // One lookup alone: its time, to bound the waits.
+    let single = {
+        let started = Instant::now();
+        let request = pod(std::iter::once("app0:1".to_string()));
+        validate(
+            &settings(&far.host, json!({})),
+            &request,
+            shared(LiveHost::default()),
+        );
+        started.elapsed()
+    };
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let host = SerialisedHost {
+                lock: lock.clone(),
+                inner: live.clone(),
+            };
+            let settings = settings(&far.host, json!({}));
+            thread::spawn(move || {
+                let request = pod((0..IMAGES).map(|i| format!("app{}:1", w * IMAGES + i)));
+                let shared_host: SharedHost = Arc::new(Mutex::new(host));
+                let started = Instant::now();
+                let response = validate(&settings, &request, shared_host);
+                (started.elapsed(), response, request)
+            })
+        })
+        .collect();
+    let mut total_swapped = 0;
+    for worker in workers {
+        let (took, response, request) = worker.join().expect("worker");
+        assert!(response.accepted, "{response:?}");
+        let images = images(&response, &request);
+        let swapped = images
+            .iter()
+            .filter(|i| i.starts_with(&far.host) && i.contains("@sha256:"))
+            .count();
+        total_swapped += swapped;
+        let bound = Duration::from_millis(BUDGET_MS) + single * (WORKERS as u32 + 1);
+        assert!(took < bound, "took {took:?}, bound {bound:?}");
+    }
+    let lookups = live.lock().unwrap().exchanges.len();
+    assert_eq!(
+        total_swapped, lookups,
+        "every image looked up in time was swapped"
+    );
+    assert!(
+        lookups >= WORKERS,
+        "each evaluation looked up at least its first image"
+    );
+}
