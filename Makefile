@@ -26,8 +26,17 @@ test: deps policy.wasm
 run: policy.wasm $(if $(findstring --live,$(ARGS)),deps)
 	$(CARGO) run --locked --quiet --example run -- $(ARGS)
 
-e2e-tests: annotated-policy.wasm
-	bats e2e/
+# bats over e2e/ with real kwctl when it is installed (against annotated-policy.wasm), else with
+# the project's stand-in (examples/kwctl-standin.rs, against policy.wasm). Says which.
+KWCTL_STANDIN := target/debug/examples/kwctl-standin
+e2e-tests: deps policy.wasm
+	@if command -v $(KWCTL) >/dev/null; then \
+	  echo "e2e-tests: with $(KWCTL) ($$($(KWCTL) --version 2>&1 | head -n 1))"; \
+	  $(MAKE) --no-print-directory annotated-policy.wasm && KWCTL=$(KWCTL) POLICY=annotated-policy.wasm bats e2e/; \
+	else \
+	  echo "e2e-tests: kwctl is not installed; with the stand-in $(KWCTL_STANDIN) (README: End-to-end tests)"; \
+	  $(CARGO) build --locked --quiet --example kwctl-standin && KWCTL=$(KWCTL_STANDIN) POLICY=policy.wasm bats e2e/; \
+	fi
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -64,7 +73,7 @@ fuzz:
 check-kwctl:
 	@command -v $(KWCTL) >/dev/null || { \
 	  echo "kwctl is not installed: this target needs it (https://github.com/kubewarden/kwctl/releases)." >&2; \
-	  echo "Without kwctl, 'make test' replays the same e2e recordings in the project's own wasm host." >&2; \
+	  echo "Without kwctl, 'make e2e-tests' runs the suite with the project's stand-in." >&2; \
 	  exit 1; }
 
 clean:

@@ -4,7 +4,9 @@
 //! percentile) with a fresh instance per evaluation (what policy-server does) and with a reused
 //! instance, the host lookups per admission, and the guest's peak memory; beside them the floor,
 //! a policy that only parses the request and accepts it. Lookups are answered at once from
-//! memory, then by a real registry on loopback. A benchmark prints figures; it asserts nothing.
+//! memory, then by a real registry on loopback, then by one 20 and 100 ms away (the lookup
+//! budget at work), and by concurrent evaluations sharing the host's serialised lookups, as
+//! policy-server's workers do. A benchmark prints figures; it asserts nothing.
 
 #[path = "../tests/rig/mod.rs"]
 mod rig;
@@ -12,8 +14,9 @@ mod rig;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rig::hosts::{InstantHost, LiveHost, locate};
+use rig::hosts::{InstantHost, LiveHost, LookupLock, SerialisedHost, locate};
 use rig::images::Image;
+use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
 use rig::wapc::{SharedHost, WasmPolicy};
 use serde_json::{Value, json};
@@ -251,5 +254,168 @@ fn main() {
             ms(live.median),
             ms(live.p99)
         );
+    }
+    drop(registry);
+    distance(policy);
+    concurrency();
+}
+
+const DISTANCES_MS: [u64; 3] = [0, 20, 100];
+
+/// A mirror holding `bench/library/app{i}:1` for i < n, and the way to it `ms` away.
+fn distant_mirror(name: &str, n: usize) -> TestRegistry {
+    let mirror = TestRegistry::start(name).expect("registry (make deps)");
+    for i in 0..n {
+        Image::new(&format!("app {i}"), "linux/amd64").push(
+            &mirror,
+            &format!("bench/library/app{i}"),
+            Some("1"),
+        );
+    }
+    mirror
+}
+
+fn pod_payload(host: &str, images: impl Iterator<Item = usize>) -> Vec<u8> {
+    let containers: Vec<Value> = images
+        .map(|i| json!({"name": format!("c{i}"), "image": format!("app{i}:1")}))
+        .collect();
+    let settings = json!({"mirrors": [{"source": "docker.io", "target": format!("{host}/bench")}]});
+    json!({"settings": settings, "request": rig::pod_request("CREATE", json!({"containers": containers}))})
+        .to_string()
+        .into_bytes()
+}
+
+fn swapped_images(answer: &rig::Response) -> usize {
+    answer
+        .mutated
+        .as_ref()
+        .and_then(|pod| pod["spec"]["containers"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c["image"].as_str().is_some_and(|i| i.contains("@sha256:")))
+        .count()
+}
+
+/// One admission at a time, the mirror at a distance (two round trips per connection, one per
+/// request: four per lookup), the default budget of 800 ms.
+fn distance(policy: &WasmPolicy) {
+    const RUNS: usize = 3;
+    println!(
+        "\nregistry distance (round trip added to every connection and request; a lookup is four round trips), default lookup budget 800 ms, fresh instance, median of {RUNS}"
+    );
+    println!(
+        "| round trip ms | distinct images | lookups made | images swapped | ms per admission |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    let mirror = distant_mirror("distance", 30);
+    for round_trip in DISTANCES_MS {
+        let proxy =
+            LatencyProxy::start(&mirror.host, Duration::from_millis(round_trip)).expect("proxy");
+        for images in [1, 5, 30] {
+            let payload = pod_payload(&proxy.host, 0..images);
+            let mut times = Vec::new();
+            let (mut lookups, mut swapped) = (0, 0);
+            for _ in 0..RUNS {
+                let host = Arc::new(Mutex::new(LiveHost::default()));
+                let started = Instant::now();
+                let evaluation = policy.call("validate", &payload, host.clone());
+                times.push(started.elapsed());
+                let answer = rig::parse_response(&evaluation.result.expect("evaluation"));
+                lookups = host.lock().map(|h| h.exchanges.len()).unwrap_or(0);
+                swapped = swapped_images(&answer);
+            }
+            times.sort();
+            println!(
+                "| {round_trip} | {images} | {lookups} | {swapped} | {:.0} |",
+                times[RUNS / 2].as_secs_f64() * 1000.0
+            );
+        }
+    }
+}
+
+/// policy-server's workers: `workers` threads evaluating back to back for a while, sharing one
+/// host whose lookups are serialised behind one lock and cached for 60 s when successful
+/// (policy-evaluator's `cached`). Each Pod has 4 images: 2 shared by every Pod (cache hits after
+/// the first) and 2 never asked before.
+fn concurrency() {
+    const SECONDS: u64 = 6;
+    const FRESH_POOL: usize = 400;
+    println!(
+        "\nconcurrent admissions ({SECONDS} s each; Pods of 4 images, 2 of them fresh; host lookups serialised and cached as in policy-server; default budget 800 ms)"
+    );
+    println!(
+        "| round trip ms | workers | admissions/s | median ms | max ms | over 1 s | refused | images swapped | kept by the budget |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mirror = distant_mirror("concurrency", FRESH_POOL + 2);
+    for round_trip in [20, 100] {
+        for workers in [1, 2, 4] {
+            let proxy = LatencyProxy::start(&mirror.host, Duration::from_millis(round_trip))
+                .expect("proxy");
+            let lock = Arc::new(LookupLock::default());
+            let live = Arc::new(Mutex::new(LiveHost::default()));
+            let next_fresh = Arc::new(std::sync::atomic::AtomicUsize::new(2));
+            let deadline = Instant::now() + Duration::from_secs(SECONDS);
+            let threads: Vec<_> = (0..workers)
+                .map(|_| {
+                    let host = SerialisedHost {
+                        lock: lock.clone(),
+                        inner: live.clone(),
+                    };
+                    let proxy_host = proxy.host.clone();
+                    let next_fresh = next_fresh.clone();
+                    // The compiled module is shared by the workers, as policy-server shares it.
+                    let policy: &'static WasmPolicy = rig::policy();
+                    std::thread::spawn(move || {
+                        let mut results = Vec::new();
+                        while Instant::now() < deadline {
+                            let a = next_fresh.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+                            if a + 1 >= FRESH_POOL + 2 {
+                                break;
+                            }
+                            let payload = pod_payload(&proxy_host, [0, 1, a, a + 1].into_iter());
+                            let shared: SharedHost = Arc::new(Mutex::new(host.clone()));
+                            let started = Instant::now();
+                            let evaluation = policy.call("validate", &payload, shared);
+                            let took = started.elapsed();
+                            let answer =
+                                rig::parse_response(&evaluation.result.expect("evaluation"));
+                            let budget = answer
+                                .audit
+                                .get("summary")
+                                .and_then(|s| s["notLookedUp"].as_u64())
+                                .unwrap_or(0);
+                            results.push((took, swapped_images(&answer), budget, answer.accepted));
+                        }
+                        results
+                    })
+                })
+                .collect();
+            let started = Instant::now();
+            let mut results: Vec<(Duration, usize, u64, bool)> = threads
+                .into_iter()
+                .flat_map(|t| t.join().expect("worker"))
+                .collect();
+            let elapsed = started.elapsed().as_secs_f64();
+            results.sort_by_key(|r| r.0);
+            let n = results.len().max(1);
+            let median = results.get(n / 2).map_or(Duration::ZERO, |r| r.0);
+            let max = results.last().map_or(Duration::ZERO, |r| r.0);
+            let over = results
+                .iter()
+                .filter(|r| r.0 > Duration::from_secs(1))
+                .count();
+            let swapped: usize = results.iter().map(|r| r.1).sum();
+            let budget: u64 = results.iter().map(|r| r.2).sum();
+            let refused = results.iter().filter(|r| !r.3).count();
+            println!(
+                "| {round_trip} | {workers} | {:.1} | {:.0} | {:.0} | {over} of {} | {refused} | {swapped} of {} | {budget} |",
+                results.len() as f64 / elapsed,
+                median.as_secs_f64() * 1000.0,
+                max.as_secs_f64() * 1000.0,
+                results.len(),
+                results.len() * 4,
+            );
+        }
     }
 }

@@ -1,23 +1,31 @@
-# Runs one case of e2e/cases/ under real `kwctl run`, with the case's recorded host
-# interactions, and checks the answer against the case's expect.json. tests/e2e_recordings.rs
-# replays the same files in the project's own wasm host, so both runners hold the same contract.
+# Runs one case of e2e/cases/ under `kwctl run` (KWCTL, default `kwctl`), with the case's
+# recorded host interactions, and checks the answer against the case's expect.json.
+# tests/e2e_recordings.rs replays the same files in the project's own wasm host, so both
+# runners hold the same contract.
 bats_require_minimum_version 1.5.0
 
+KWCTL=${KWCTL:-kwctl}
 POLICY=${POLICY:-annotated-policy.wasm}
 
 check_case() {
   local dir="e2e/cases/$1"
   local expect="$dir/expect.json"
-  run --separate-stderr kwctl run \
+  run --separate-stderr "$KWCTL" run \
     --request-path "$dir/request.json" \
     --settings-path "$dir/settings.yml" \
     --replay-host-capabilities-interactions "$dir/session.yml" \
     "$POLICY"
+  echo "status: $status"
+  echo "stdout: $output"
+  echo "stderr: $stderr"
 
-  if [[ $(jq -r '.settingsValid // true' "$expect") == false ]]; then
-    [ "$status" -ne 0 ]
-    [[ "$output $stderr" == *"Provided settings are not valid"* ]]
-    [[ "$output $stderr" == *"$(jq -r .message "$expect")"* ]]
+  # Not `.settingsValid // true`: jq's `//` takes false for missing.
+  if [[ $(jq -r '.settingsValid == false' "$expect") == true ]]; then
+    [ "$status" -eq 1 ]
+    [[ "$stderr" == *"Provided settings are not valid"* ]]
+    # kwctl prints the settings verdict as JSON on stdout, then the error on stderr with the
+    # message in Rust's debug form (quotes escaped): compare the JSON's message.
+    jq -e --arg m "$(jq -r .message "$expect")" '.valid == false and (.message | contains($m))' <<<"$output"
     return 0
   fi
 
@@ -31,8 +39,9 @@ check_case() {
     local path
     for path in $(jq -r '.patch | keys[]' "$expect"); do
       local want got
-      want=$(jq -r --arg p "$path" '.patch[$p]' "$expect")
-      got=$(jq -r --arg p "$path" '.patch | @base64d | fromjson | map(select(.path == $p)) | .[0].value' <<<"$output")
+      want=$(jq -c --arg p "$path" '.patch[$p]' "$expect")
+      got=$(jq -c --arg p "$path" '.patch | @base64d | fromjson | map(select(.path == $p)) | .[0].value' <<<"$output")
+      echo "patch $path: want $want, got $got"
       [ "$got" == "$want" ]
     done
   fi
@@ -41,9 +50,16 @@ check_case() {
   warning=$(jq -r '.warning // empty' "$expect")
   if [[ -n $warning ]]; then
     jq -e --arg w "$warning" '[.warnings[]? | contains($w)] | any' <<<"$output"
+    # One line for a person: no newline, no backtrace, whatever the host appended.
+    jq -e '[.warnings[]? | test("\n|Stack backtrace|Caused by")] | any | not' <<<"$output"
   fi
   message=$(jq -r '.message // empty' "$expect")
   if [[ -n $message ]]; then
     jq -e --arg m "$message" '.status.message | contains($m)' <<<"$output"
+    jq -e '.status.message | test("\n|Stack backtrace|Caused by") | not' <<<"$output"
   fi
+  local key
+  for key in $(jq -r '.auditAnnotations // [] | .[]' "$expect"); do
+    jq -e --arg k "$key" '.auditAnnotations[$k] | fromjson' <<<"$output"
+  done
 }

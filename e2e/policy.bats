@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
-# End-to-end tests under real kwctl, with recorded host interactions (no network needed).
-# Run with `make e2e-tests` from the repository root.
+# End-to-end tests under `kwctl run`, with recorded host interactions (no network needed).
+# Run with `make e2e-tests` from the repository root: real kwctl when it is installed, else the
+# project's stand-in (examples/kwctl-standin.rs); KWCTL=... and POLICY=... choose explicitly.
 
 load helpers
 
@@ -42,4 +43,16 @@ load helpers
 
 @test "invalid settings are refused" {
   check_case invalid-settings
+}
+
+@test "a static Pod's mirror Pod: no lookup, no patch" {
+  check_case static-pod-mirror
+}
+
+@test "kubectl apply re-sends the original image: the running swap is kept, no lookup" {
+  check_case reapply-unchanged
+}
+
+@test "two rules sharing one mirror repository are refused" {
+  check_case overlapping-targets
 }

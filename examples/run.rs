@@ -167,6 +167,9 @@ fn main() -> ExitCode {
     for warning in &response.warnings {
         println!("warning:  {warning}");
     }
+    for (key, value) in &response.audit {
+        println!("audit:    {key}={value}");
+    }
     let lookups = if options.live {
         live.lock().unwrap().lookups()
     } else {

@@ -311,15 +311,18 @@ fn budget_message(images: &[&str], action: Fallback, report: &BudgetReport) -> S
         1 => "1 image was".to_string(),
         n => format!("{n} images were"),
     };
+    let lookups = match report.lookups {
+        1 => "1 lookup".to_string(),
+        n => format!("{n} lookups"),
+    };
     let outcome = match action {
         Fallback::Keep => "kept as they were",
         Fallback::Reject => "refused",
     };
     format!(
-        "lookup budget of {} ms spent: {} ms on {} lookups (slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
+        "lookup budget of {} ms spent: {} ms on {lookups} (slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
         report.limit_ms(),
         report.spent_ms(),
-        report.lookups,
         report.slowest.as_millis(),
         action.as_str(),
         named.join(", ")
@@ -1259,7 +1262,7 @@ mod tests {
         let (outcome, asked) = budget_admission("", 5, 1_500);
         assert_eq!(asked, 1);
         assert!(
-            outcome.warnings[0].starts_with("lookup budget of 800 ms spent: 1500 ms on 1 lookups"),
+            outcome.warnings[0].starts_with("lookup budget of 800 ms spent: 1500 ms on 1 lookup (slowest 1500 ms); 4 images were"),
             "{:?}",
             outcome.warnings
         );

@@ -445,15 +445,23 @@ impl Host for InstantHost {
     }
 }
 
-/// policy-evaluator's lock around OCI lookups: each operation is wrapped in
-/// `#[cached(..., sync_writes = ...)]`, which takes one process-wide lock before every call
-/// (cache hits included) and holds it across an uncached lookup. Waiters are served first come,
-/// first served. Every evaluation's host shares one `LookupLock` and one inner host.
+/// policy-evaluator's lock and cache around OCI lookups: each operation is wrapped in
+/// `#[cached(time = 60, result = true, sync_writes = ...)]`, which takes one process-wide lock
+/// before every call (cache hits included), holds it across an uncached lookup, and keeps
+/// successful answers for 60 seconds (failures never). Waiters are served first come, first
+/// served. Every evaluation's host shares one `LookupLock` and one inner host.
 #[derive(Default)]
 pub struct LookupLock {
     tickets: Mutex<(u64, u64)>,
     turn: Condvar,
+    answers: Mutex<BTreeMap<CacheKey, (std::time::Instant, Vec<u8>)>>,
 }
+
+/// An operation and its payload: policy-evaluator keys each operation's cache by the image.
+type CacheKey = (String, Vec<u8>);
+
+/// How long the host keeps a successful answer.
+pub const HOST_CACHE: Duration = Duration::from_secs(60);
 
 impl LookupLock {
     fn hold<T>(&self, work: impl FnOnce() -> T) -> T {
@@ -498,11 +506,23 @@ impl<H: Host> Host for SerialisedHost<H> {
         payload: &[u8],
     ) -> Result<Vec<u8>, String> {
         let inner = self.inner.clone();
+        let lock = self.lock.clone();
+        let key = (operation.to_string(), payload.to_vec());
         self.lock.hold(|| {
-            inner
+            let mut answers = lock.answers.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((at, answer)) = answers.get(&key)
+                && at.elapsed() < HOST_CACHE
+            {
+                return Ok(answer.clone());
+            }
+            let answer = inner
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .call(binding, namespace, operation, payload)
+                .call(binding, namespace, operation, payload);
+            if let Ok(bytes) = &answer {
+                answers.insert(key, (std::time::Instant::now(), bytes.clone()));
+            }
+            answer
         })
     }
 }
