@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rig::hosts::{InstantHost, LiveHost, LookupLock, SerialisedHost, locate};
-use rig::images::Image;
+use rig::images::{Image, push_apps};
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
 use rig::wapc::{SharedHost, WasmPolicy};
@@ -265,13 +265,7 @@ const DISTANCES_MS: [u64; 3] = [0, 20, 100];
 /// A mirror holding `bench/library/app{i}:1` for i < n, and the way to it `ms` away.
 fn distant_mirror(name: &str, n: usize) -> TestRegistry {
     let mirror = TestRegistry::start(name).expect("registry (make deps)");
-    for i in 0..n {
-        Image::new(&format!("app {i}"), "linux/amd64").push(
-            &mirror,
-            &format!("bench/library/app{i}"),
-            Some("1"),
-        );
-    }
+    push_apps(&mirror, "bench", n);
     mirror
 }
 

@@ -47,13 +47,23 @@ pub struct BudgetReport {
 }
 
 impl BudgetReport {
-    pub fn spent_ms(&self) -> u128 {
-        self.spent.as_millis()
+    pub fn spent_ms(&self) -> u64 {
+        whole_ms(self.spent)
     }
 
-    pub fn limit_ms(&self) -> u128 {
-        self.limit.as_millis()
+    pub fn limit_ms(&self) -> u64 {
+        whole_ms(self.limit)
     }
+
+    pub fn slowest_ms(&self) -> u64 {
+        whole_ms(self.slowest)
+    }
+}
+
+/// Milliseconds as u64: `Duration::as_millis` is u128, whose formatting the module would
+/// otherwise carry for numbers that never pass 2^64.
+fn whole_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A [`Registry`] that asks `inner` only while the budget allows, and says

@@ -323,7 +323,7 @@ fn budget_message(images: &[&str], action: Fallback, report: &BudgetReport) -> S
         "lookup budget of {} ms spent: {} ms on {lookups} (slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
         report.limit_ms(),
         report.spent_ms(),
-        report.slowest.as_millis(),
+        report.slowest_ms(),
         action.as_str(),
         named.join(", ")
     )

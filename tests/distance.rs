@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rig::hosts::{LiveHost, LookupLock, SerialisedHost};
-use rig::images::Image;
+use rig::images::push_apps;
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
 use rig::wapc::SharedHost;
@@ -22,13 +22,7 @@ const BUDGET_MS: u64 = 800;
 /// A mirror holding `app0:1` … `app{n-1}:1` under `hub/library/`.
 fn filled_mirror(name: &str, n: usize) -> TestRegistry {
     let mirror = TestRegistry::start(name).expect("registry");
-    for i in 0..n {
-        Image::new(&format!("app {i}"), "linux/amd64").push(
-            &mirror,
-            &format!("hub/library/app{i}"),
-            Some("1"),
-        );
-    }
+    push_apps(&mirror, "hub", n);
     mirror
 }
 

@@ -138,3 +138,15 @@ impl Index {
             .expect("push index")
     }
 }
+
+/// Fills `registry` with `n` small distinct images, `{prefix}/library/app{i}:1`, so that Pods of
+/// `app{i}:1` images routed to `{registry}/{prefix}` find them all.
+pub fn push_apps(registry: &TestRegistry, prefix: &str, n: usize) {
+    for i in 0..n {
+        Image::new(&format!("app {i}"), "linux/amd64").push(
+            registry,
+            &format!("{prefix}/library/app{i}"),
+            Some("1"),
+        );
+    }
+}
