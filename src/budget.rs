@@ -68,20 +68,20 @@ fn whole_ms(duration: Duration) -> u64 {
 
 /// A [`Registry`] that asks `inner` only while the budget allows, and says
 /// [`LookupError::OverBudget`] otherwise.
+///
+/// Time counts from the clock's origin, which `validate` sets as the evaluation starts:
+/// policy-server's timeout counts the whole evaluation, reading the request included.
 pub struct Budgeted<'r, R, C> {
     inner: &'r mut R,
     clock: &'r C,
-    started: Duration,
     report: BudgetReport,
 }
 
 impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
-    /// The budget starts now.
     pub fn new(inner: &'r mut R, clock: &'r C, limit: Duration) -> Self {
         Budgeted {
             inner,
             clock,
-            started: clock.now(),
             report: BudgetReport {
                 limit,
                 ..BudgetReport::default()
@@ -94,7 +94,7 @@ impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
     }
 
     fn elapsed(&self) -> Duration {
-        self.clock.now().saturating_sub(self.started)
+        self.clock.now()
     }
 
     fn guarded<T>(
@@ -133,7 +133,8 @@ pub mod tests {
     use std::cell::Cell;
     use std::rc::Rc;
 
-    /// A clock that moves only when told: the fake registry moves it by each lookup's latency.
+    /// A clock that moves only when told, from zero (the start of the evaluation): the fake
+    /// registry moves it by each lookup's latency.
     #[derive(Clone, Default)]
     pub struct FakeClock(pub Rc<Cell<Duration>>);
 
@@ -178,7 +179,6 @@ pub mod tests {
     /// Runs `tries` lookups under a budget of `limit_ms` and says how many were made.
     fn run(limit_ms: u64, latencies: &[u64], tries: usize) -> (usize, BudgetReport) {
         let clock = FakeClock::default();
-        clock.advance(Duration::from_millis(5)); // the budget's origin is not zero
         let mut registry = SlowRegistry {
             clock: clock.clone(),
             latencies: latencies.to_vec(),
@@ -232,5 +232,24 @@ pub mod tests {
         let (made, report) = run(800, &[1], 100);
         assert_eq!(made, 100);
         assert_eq!(report.refused, 0);
+    }
+
+    /// Reading a large request before the first lookup spends budget too.
+    #[test]
+    fn time_before_the_first_lookup_counts() {
+        let clock = FakeClock::default();
+        clock.advance(Duration::from_millis(500));
+        let mut registry = SlowRegistry {
+            clock: clock.clone(),
+            latencies: vec![200],
+            asked: 0,
+        };
+        let mut budgeted = Budgeted::new(&mut registry, &clock, Duration::from_millis(800));
+        let made = (0..5)
+            .filter(|_| budgeted.manifest_digest("x").is_ok())
+            .count();
+        // 500 + 200 = 700; a second would end at 900.
+        assert_eq!(made, 1);
+        assert_eq!(budgeted.report().spent, Duration::from_millis(700));
     }
 }
