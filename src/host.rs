@@ -10,7 +10,7 @@
 use kubewarden_policy_sdk::Error;
 use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
 
-use crate::decide::{IndexEntry, LookupError, Manifest, Registry};
+use crate::decide::{IndexEntry, LookupError, Manifest, Registry, truncated};
 
 /// How registries word "no such manifest or repository" in the `message` of their error
 /// envelope, which is all the host's OCI client prints (oci-client's `OciError` displays
@@ -174,10 +174,7 @@ fn one_line(text: &str) -> String {
 }
 
 fn bounded(text: &str) -> String {
-    match text.char_indices().nth(TEXT_MAX) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
-    }
+    truncated(text, TEXT_MAX)
 }
 
 /// The policy-server (or `kwctl`) that runs the module.

@@ -11,7 +11,9 @@ use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
 use serde_json::{Map, Value, json};
 
 use crate::budget::{BudgetReport, Budgeted, Clock};
-use crate::decide::{Decision, LookupError, Manifest, Note, Reason, Registry, decide, quote};
+use crate::decide::{
+    Decision, LookupError, Manifest, Note, Reason, Registry, decide, quote, truncated,
+};
 use crate::policy::{Fallback, Policy};
 use crate::rules::Router;
 
@@ -331,6 +333,8 @@ fn budget_message(images: &[&str], action: Fallback, report: &BudgetReport) -> S
 
 /// The most entries listed under one audit annotation key; the summary counts them all.
 const AUDITED_MAX: usize = 20;
+/// The longest image or container name quoted in an audit annotation.
+const AUDITED_CHARS_MAX: usize = 200;
 
 /// What the admission did, for the API server's audit log: `swapped` (container, from, to),
 /// `kept` and `rejected` (image, reason code), and a `summary` with the counts and the
@@ -344,10 +348,7 @@ fn audit_annotations(verdicts: &Verdicts, report: &BudgetReport) -> BTreeMap<Str
     {
         return audit;
     }
-    let cut = |text: &str| match text.char_indices().nth(200) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_string(),
-    };
+    let cut = |text: &str| truncated(text, AUDITED_CHARS_MAX);
     let notes: BTreeMap<&str, &Note> = verdicts
         .swapped_with_note
         .iter()
@@ -1326,5 +1327,32 @@ mod tests {
             &mut registry(),
         );
         assert_eq!(outcome, Outcome::unchanged());
+    }
+
+    #[test]
+    fn audit_values_stay_bounded_for_huge_pods_and_images() {
+        let long = format!("nginx:{}", "a".repeat(10_000));
+        let containers: Vec<Value> = (0..2_000)
+            .map(|i| json!({"name": format!("c{i}"), "image": format!("{long}{i}")}))
+            .collect();
+        let outcome = admit(
+            request(
+                "CREATE",
+                "",
+                pod(json!({ "containers": containers })),
+                Value::Null,
+            ),
+            &policy_from(SETTINGS),
+            &mut registry(),
+        );
+        let total: usize = outcome.audit.values().map(String::len).sum();
+        assert!(total < 8_000, "{total} bytes of audit annotations");
+        let kept: Value = serde_json::from_str(&outcome.audit["kept"]).expect("JSON");
+        assert_eq!(kept.as_array().map(Vec::len), Some(AUDITED_MAX));
+        assert!(
+            kept[0]["image"]
+                .as_str()
+                .is_some_and(|i| i.chars().count() == AUDITED_CHARS_MAX + 1 && i.ends_with('…'))
+        );
     }
 }
