@@ -178,7 +178,18 @@ pub mod tests {
 
     /// Runs `tries` lookups under a budget of `limit_ms` and says how many were made.
     fn run(limit_ms: u64, latencies: &[u64], tries: usize) -> (usize, BudgetReport) {
+        run_after(0, limit_ms, latencies, tries)
+    }
+
+    /// The same, `before_ms` into the evaluation.
+    fn run_after(
+        before_ms: u64,
+        limit_ms: u64,
+        latencies: &[u64],
+        tries: usize,
+    ) -> (usize, BudgetReport) {
         let clock = FakeClock::default();
+        clock.advance(Duration::from_millis(before_ms));
         let mut registry = SlowRegistry {
             clock: clock.clone(),
             latencies: latencies.to_vec(),
@@ -237,19 +248,9 @@ pub mod tests {
     /// Reading a large request before the first lookup spends budget too.
     #[test]
     fn time_before_the_first_lookup_counts() {
-        let clock = FakeClock::default();
-        clock.advance(Duration::from_millis(500));
-        let mut registry = SlowRegistry {
-            clock: clock.clone(),
-            latencies: vec![200],
-            asked: 0,
-        };
-        let mut budgeted = Budgeted::new(&mut registry, &clock, Duration::from_millis(800));
-        let made = (0..5)
-            .filter(|_| budgeted.manifest_digest("x").is_ok())
-            .count();
         // 500 + 200 = 700; a second would end at 900.
+        let (made, report) = run_after(500, 800, &[200], 5);
         assert_eq!(made, 1);
-        assert_eq!(budgeted.report().spent, Duration::from_millis(700));
+        assert_eq!(report.spent, Duration::from_millis(700));
     }
 }
