@@ -180,16 +180,9 @@ struct Mapping<'r> {
 }
 
 impl Mapping<'_> {
-    /// The source names that land under `target/suffix`: `source/suffix`, or for
-    /// `defaultMirror` names starting with `suffix`.
-    fn source_under(&self, suffix: &str) -> String {
-        match self.source {
-            Some(source) => source.join(suffix),
-            None => suffix.to_string(),
-        }
-    }
-
-    fn example(&self, rest: &str) -> String {
+    /// The source name this way in sends to `target/rest`: `source/rest`, or for
+    /// `defaultMirror` `rest` itself.
+    fn source_of(&self, rest: &str) -> String {
         match self.source {
             Some(source) => source.join(rest),
             None => rest.to_string(),
@@ -231,7 +224,7 @@ fn check_one_to_one(rules: &[Rule], default_mirror: Option<&Prefix>, errors: &mu
                 continue;
             }
             let consistent = !suffix.is_empty()
-                && inner.source.map(Prefix::as_str) == Some(outer.source_under(suffix).as_str());
+                && inner.source.map(Prefix::as_str) == Some(outer.source_of(suffix).as_str());
             if consistent {
                 continue;
             }
@@ -240,10 +233,10 @@ fn check_one_to_one(rules: &[Rule], default_mirror: Option<&Prefix>, errors: &mu
                 None => "docker.io/library/app".to_string(),
             };
             let shared = inner.target.join(&rest);
-            let via_inner = inner.example(&rest);
+            let via_inner = inner.source_of(&rest);
             let via_outer = match suffix {
-                "" => outer.example(&rest),
-                suffix => outer.example(&Prefix::new(suffix.to_string()).join(&rest)),
+                "" => outer.source_of(&rest),
+                suffix => outer.source_of(&Prefix::new(suffix.to_string()).join(&rest)),
             };
             let relation = if suffix.is_empty() {
                 format!("is also the target of {}", outer.field)
