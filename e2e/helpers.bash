@@ -52,6 +52,10 @@ check_case() {
     jq -e --arg w "$warning" '[.warnings[]? | contains($w)] | any' <<<"$output"
     # One line for a person: no newline, no backtrace, whatever the host appended.
     jq -e '[.warnings[]? | test("\n|Stack backtrace|Caused by")] | any | not' <<<"$output"
+  else
+    # No warning expected, none given: a lookup the recording does not hold would have
+    # answered "Replay error: unexpected request" and surfaced here.
+    jq -e '.warnings == null' <<<"$output"
   fi
   message=$(jq -r '.message // empty' "$expect")
   if [[ -n $message ]]; then

@@ -43,6 +43,7 @@ fn check_case(dir: &Path, backtrace: bool) {
     );
     let mut replay = ReplayHost::load(&dir.join("session.yml")).expect("session file");
     replay.backtrace = backtrace;
+    let recorded = replay.remaining();
     let replay = shared(replay);
     let response = validate(
         &settings,
@@ -81,12 +82,17 @@ fn check_case(dir: &Path, backtrace: bool) {
             response.audit
         );
     }
-    if let Some(warning) = expect["warning"].as_str() {
-        assert!(
+    match expect["warning"].as_str() {
+        Some(warning) => assert!(
             response.warned(warning),
             "{name}: warnings {:?} lack {warning:?}",
             response.warnings
-        );
+        ),
+        None => assert!(
+            response.warnings.is_empty(),
+            "{name}: unexpected warnings {:?}",
+            response.warnings
+        ),
     }
     if let Some(message) = expect["message"].as_str() {
         assert!(
@@ -103,6 +109,12 @@ fn check_case(dir: &Path, backtrace: bool) {
         replay.remaining(),
         0,
         "{name}: recorded lookups left unused; made {:?}",
+        replay.calls
+    );
+    assert_eq!(
+        replay.calls.len(),
+        recorded,
+        "{name}: lookups beyond the recording: {:?}",
         replay.calls
     );
 }
