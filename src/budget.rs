@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::decide::{LookupError, Manifest, Registry};
+use crate::registry::{LookupError, Manifest, Registry};
 
 /// A monotonic clock; the module's own in the policy, a hand-moved one in unit tests.
 pub trait Clock {

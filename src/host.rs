@@ -10,7 +10,8 @@
 use kubewarden_policy_sdk::Error;
 use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
 
-use crate::decide::{IndexEntry, LookupError, Manifest, Registry, truncated};
+use crate::registry::{IndexEntry, LookupError, Manifest, Registry};
+use crate::text::truncated;
 
 /// How registries word "no such manifest or repository" in the `message` of their error
 /// envelope, which is all the host's OCI client prints (oci-client's `OciError` displays

@@ -10,8 +10,10 @@ pub mod host;
 pub mod pod;
 pub mod policy;
 pub mod reference;
+pub mod registry;
 pub mod rules;
 pub mod settings;
+pub mod text;
 
 use guest::prelude::*;
 use kubewarden_policy_sdk::request::ValidationRequest;

@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use image_swapper_policy::budget::Clock;
-use image_swapper_policy::decide::{IndexEntry, LookupError, Manifest, Registry};
+use image_swapper_policy::registry::{IndexEntry, LookupError, Manifest, Registry};
 use image_swapper_policy::pod::{Verdict, admit};
 use image_swapper_policy::policy::{Policy, SwapPolicy};
 use image_swapper_policy::settings::Settings;

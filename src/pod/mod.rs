@@ -1,31 +1,43 @@
-//! One admission: which containers of the Pod to look at, one decision per distinct image, and
-//! the mutated Pod.
+//! One admission, in the order its steps run:
 //!
-//! The Pod stays JSON: a typed model would drop the fields it does not know, and the patch
-//! computed from the mutated object would then delete them from the Pod.
+//! 1. `candidates`: which containers to decide on (on update, only changed images);
+//! 2. the re-apply rule and one decision per distinct image (`crate::decide`), each lookup asked
+//!    once (`look_once`) within the lookup budget (`crate::budget`);
+//! 3. `pull_secrets`: whether a mirror's secret can be added, and adding it;
+//! 4. `record`: the original-images annotation;
+//! 5. `report`: warnings, the rejection message, audit annotations.
+//!
+//! `object` reads and writes the Pod, which stays JSON.
+
+mod candidates;
+mod look_once;
+mod object;
+mod pull_secrets;
+mod record;
+mod report;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
-use crate::budget::{BudgetReport, Budgeted, Clock};
-use crate::decide::{
-    Decision, LookupError, Manifest, Note, Reason, Registry, decide, quote, truncated,
-};
-use crate::policy::{Fallback, Policy};
-use crate::rules::Router;
+use crate::budget::{Budgeted, Clock};
+use crate::decide::{Decision, Note, decide};
+use crate::policy::Policy;
+use crate::registry::Registry;
 
-/// The annotation that records, for each swapped container, the image the Pod asked for.
-pub const ORIGINAL_IMAGES_ANNOTATION: &str = "image-swapper.kubewarden.io/original-images";
+use candidates::{Candidate, candidates};
+use look_once::LookOnce;
+use object::{annotation, container_mut};
+use pull_secrets::{add_pull_secrets, check_pull_secret, pull_secret_names};
+pub use record::ORIGINAL_IMAGES_ANNOTATION;
+use record::{record_original_images, recorded_originals};
+use report::{audit_annotations, capped, messages};
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
 /// this API object, so changing its images would only misreport what runs.
 pub const STATIC_POD_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-/// The container lists, in the order their images are looked up.
-const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
 
 /// What to answer the API server.
 #[derive(Debug, PartialEq)]
@@ -72,18 +84,8 @@ impl Operation {
     }
 }
 
-/// A container whose image this admission may change.
-struct Candidate<'o> {
-    list: &'static str,
-    index: usize,
-    name: &'o str,
-    image: &'o str,
-    /// Its image in `oldObject`, on update.
-    old_image: Option<&'o str>,
-}
-
 /// A container image this admission rewrites.
-struct Swap {
+pub(super) struct Swap {
     list: &'static str,
     index: usize,
     name: String,
@@ -96,7 +98,7 @@ struct Swap {
 
 /// What the decisions say of the candidates.
 #[derive(Default)]
-struct Verdicts {
+pub(super) struct Verdicts {
     swaps: Vec<Swap>,
     /// One note per distinct image kept, rejected, or swapped with a warning, in lookup order.
     kept: Vec<(String, Note)>,
@@ -263,421 +265,14 @@ fn decide_all(
     verdicts
 }
 
-/// The warnings and the rejection reasons, one per distinct image, except that the images the
-/// budget left unlooked-up share one message that names the budget.
-fn messages(
-    verdicts: &Verdicts,
-    policy: &Policy,
-    report: &BudgetReport,
-) -> (Vec<String>, Vec<String>) {
-    let over_budget = |(_, note): &&(String, Note)| note.reason == Reason::Budget;
-    let mut warnings: Vec<String> = verdicts
-        .swapped_with_note
-        .iter()
-        .chain(&verdicts.kept)
-        .filter(|entry| !over_budget(entry))
-        .map(|(_, note)| note.text.clone())
-        .collect();
-    let mut rejections: Vec<String> = verdicts
-        .rejected
-        .iter()
-        .filter(|entry| !over_budget(entry))
-        .map(|(_, note)| note.text.clone())
-        .collect();
-    let budget_images: Vec<&str> = verdicts
-        .kept
-        .iter()
-        .chain(&verdicts.rejected)
-        .filter(over_budget)
-        .map(|(image, _)| image.as_str())
-        .collect();
-    if !budget_images.is_empty() {
-        let message = budget_message(&budget_images, policy.on_lookup_error, report);
-        match policy.on_lookup_error {
-            Fallback::Keep => warnings.push(message),
-            Fallback::Reject => rejections.push(message),
-        }
-    }
-    (capped(warnings, "images not swapped"), rejections)
-}
-
-/// "lookup budget of 800 ms spent: 812 ms on 2 lookups (slowest 406 ms); 28 images were not
-/// looked up or compared and were kept as they were (onLookupError is keep): "a", "b", …"
-fn budget_message(images: &[&str], action: Fallback, report: &BudgetReport) -> String {
-    const NAMED: usize = 5;
-    let mut named: Vec<String> = images.iter().take(NAMED).map(|i| quote(i)).collect();
-    if images.len() > NAMED {
-        named.push(format!("and {} more", images.len() - NAMED));
-    }
-    let count = match images.len() {
-        1 => "1 image was".to_string(),
-        n => format!("{n} images were"),
-    };
-    let lookups = match report.lookups {
-        1 => "1 lookup".to_string(),
-        n => format!("{n} lookups"),
-    };
-    let outcome = match action {
-        Fallback::Keep => "kept as they were",
-        Fallback::Reject => "refused",
-    };
-    format!(
-        "lookup budget of {} ms spent: {} ms on {lookups} (slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
-        report.limit_ms(),
-        report.spent_ms(),
-        report.slowest_ms(),
-        action.as_str(),
-        named.join(", ")
-    )
-}
-
-/// The most entries listed under one audit annotation key; the summary counts them all.
-const AUDITED_MAX: usize = 20;
-/// The longest image or container name quoted in an audit annotation.
-const AUDITED_CHARS_MAX: usize = 200;
-
-/// What the admission did, for the API server's audit log: `swapped` (container, from, to),
-/// `kept` and `rejected` (image, reason code), and a `summary` with the counts and the
-/// lookups' time. Empty when there is nothing to report.
-fn audit_annotations(verdicts: &Verdicts, report: &BudgetReport) -> BTreeMap<String, String> {
-    let mut audit = BTreeMap::new();
-    if verdicts.swaps.is_empty()
-        && verdicts.kept.is_empty()
-        && verdicts.rejected.is_empty()
-        && report.lookups == 0
-    {
-        return audit;
-    }
-    let cut = |text: &str| truncated(text, AUDITED_CHARS_MAX);
-    let notes: BTreeMap<&str, &Note> = verdicts
-        .swapped_with_note
-        .iter()
-        .map(|(image, note)| (image.as_str(), note))
-        .collect();
-    let swapped: Vec<Value> = verdicts
-        .swaps
-        .iter()
-        .take(AUDITED_MAX)
-        .map(|swap| {
-            let mut entry = json!({
-                "container": cut(&swap.name),
-                "from": cut(&swap.original),
-                "to": cut(&swap.image),
-            });
-            if swap.reapplied {
-                entry["reapplied"] = json!(true);
-            }
-            if let Some(note) = notes.get(swap.original.as_str()) {
-                entry["reason"] = json!(note.reason.code());
-            }
-            entry
-        })
-        .collect();
-    let by_image = |list: &[(String, Note)]| -> Vec<Value> {
-        list.iter()
-            .take(AUDITED_MAX)
-            .map(|(image, note)| json!({"image": cut(image), "reason": note.reason.code()}))
-            .collect()
-    };
-    for (key, entries) in [
-        ("swapped", swapped),
-        ("kept", by_image(&verdicts.kept)),
-        ("rejected", by_image(&verdicts.rejected)),
-    ] {
-        if !entries.is_empty() {
-            audit.insert(key.to_string(), Value::Array(entries).to_string());
-        }
-    }
-    let summary = json!({
-        "swapped": verdicts.swaps.len(),
-        "kept": verdicts.kept.len(),
-        "rejected": verdicts.rejected.len(),
-        "lookups": report.lookups,
-        "lookupMilliseconds": report.spent_ms(),
-        "budgetMilliseconds": report.limit_ms(),
-        "notLookedUp": report.refused,
-    });
-    audit.insert("summary".to_string(), summary.to_string());
-    audit
-}
-
-fn container_list<'v>(object: &'v Value, list: &str) -> Option<&'v Vec<Value>> {
-    object.get("spec")?.get(list)?.as_array()
-}
-
-fn container_mut<'v>(
-    object: &'v mut Value,
-    list: &str,
-    index: usize,
-) -> Option<&'v mut Map<String, Value>> {
-    object
-        .get_mut("spec")?
-        .get_mut(list)?
-        .get_mut(index)?
-        .as_object_mut()
-}
-
-fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
-    object
-        .get("metadata")?
-        .get("annotations")?
-        .get(key)?
-        .as_str()
-}
-
-/// The original-images annotation of `object`, read as container name to image; an entry that
-/// is not a string, or an annotation that is not JSON, records nothing.
-fn recorded_originals(object: &Value) -> BTreeMap<String, String> {
-    let Some(text) = annotation(object, ORIGINAL_IMAGES_ANNOTATION) else {
-        return BTreeMap::new();
-    };
-    match serde_json::from_str::<Map<String, Value>>(text) {
-        Ok(entries) => entries
-            .into_iter()
-            .filter_map(|(name, image)| Some((name, image.as_str()?.to_string())))
-            .collect(),
-        Err(_) => BTreeMap::new(),
-    }
-}
-
-/// Kubernetes truncates long warning lists; past this many entries, the rest are counted.
-const LISTED_MAX: usize = 20;
-
-fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
-    if items.len() > LISTED_MAX {
-        let more = items.len() - LISTED_MAX;
-        items.truncate(LISTED_MAX);
-        items.push(format!("… and {more} more {what}"));
-    }
-    items
-}
-
-/// The containers to decide on, in lookup order. On update, only containers whose image
-/// changed, and ephemeral containers that were added: changing the image of a running container
-/// restarts it, so an update that did not touch an image must not touch it either.
-fn candidates<'o>(object: &'o Value, old: Option<&'o Value>) -> Vec<Candidate<'o>> {
-    let mut candidates = Vec::new();
-    for list in CONTAINER_LISTS {
-        let Some(containers) = container_list(object, list) else {
-            continue;
-        };
-        // Name to image in the old Pod, so that the comparison stays linear in the containers.
-        let old_images: BTreeMap<&str, &str> = old
-            .and_then(|old| container_list(old, list))
-            .into_iter()
-            .flatten()
-            .filter_map(|o| Some((o.get("name")?.as_str()?, o.get("image")?.as_str()?)))
-            .collect();
-        for (index, container) in containers.iter().enumerate() {
-            let name = container
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let Some(image) = container.get("image").and_then(Value::as_str) else {
-                continue;
-            };
-            let old_image = old_images.get(name).copied();
-            if old.is_none() || old_image != Some(image) {
-                candidates.push(Candidate {
-                    list,
-                    index,
-                    name,
-                    image,
-                    old_image,
-                });
-            }
-        }
-    }
-    candidates
-}
-
-/// On update and for ephemeral containers the API server refuses new `imagePullSecrets`: a mirror
-/// that needs a secret the Pod lacks would only turn into ImagePullBackOff.
-fn check_pull_secret(
-    decision: Decision,
-    image: &str,
-    operation: Operation,
-    existing: &[String],
-) -> Decision {
-    match decision {
-        Decision::Swap {
-            image: target,
-            pull_secret: Some(secret),
-            ..
-        } if operation != Operation::Create && !existing.contains(&secret) => {
-            Decision::Keep(Note {
-                reason: Reason::NoPullSecret,
-                text: format!(
-                    "image {}: kept, not swapped to {}: that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation",
-                    quote(image),
-                    quote(&target)
-                ),
-            })
-        }
-        other => other,
-    }
-}
-
-fn pull_secret_names(object: &Value) -> Vec<String> {
-    object
-        .get("spec")
-        .and_then(|spec| spec.get("imagePullSecrets"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|secret| {
-            secret
-                .get("name")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .collect()
-}
-
-/// Appends the secrets the Pod lacks, once each; says whether it changed the Pod.
-fn add_pull_secrets<'s>(
-    object: &mut Value,
-    secrets: impl Iterator<Item = &'s str>,
-    existing: &[String],
-) -> bool {
-    let mut added: Vec<&str> = Vec::new();
-    for secret in secrets {
-        if !existing.iter().any(|e| e == secret) && !added.contains(&secret) {
-            added.push(secret);
-        }
-    }
-    let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
-        return false;
-    };
-    if added.is_empty() {
-        return false;
-    }
-    let list = spec
-        .entry("imagePullSecrets")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if !list.is_array() {
-        *list = Value::Array(Vec::new());
-    }
-    let Some(list) = list.as_array_mut() else {
-        return false;
-    };
-    list.extend(
-        added
-            .into_iter()
-            .map(|name| serde_json::json!({ "name": name })),
-    );
-    true
-}
-
-/// Rewrites the annotation so that it describes the Pod as it leaves admission: a container
-/// has an entry when this admission swapped it, or when its recorded original still routes to
-/// its image (repository and tag); every other entry goes, and the annotation goes when none
-/// is left. Says whether it changed the Pod.
-fn record_original_images(object: &mut Value, swaps: &[Swap], router: &Router) -> bool {
-    let current = annotation(object, ORIGINAL_IMAGES_ANNOTATION);
-    if current.is_none() && swaps.is_empty() {
-        return false;
-    }
-    let existing = recorded_originals(object);
-    let swapped: BTreeMap<&str, &str> = swaps
-        .iter()
-        .map(|s| (s.name.as_str(), s.original.as_str()))
-        .collect();
-    let mut originals: BTreeMap<&str, &str> = BTreeMap::new();
-    for list in CONTAINER_LISTS {
-        for container in container_list(object, list).into_iter().flatten() {
-            let (Some(name), Some(image)) = (
-                container.get("name").and_then(Value::as_str),
-                container.get("image").and_then(Value::as_str),
-            ) else {
-                continue;
-            };
-            if let Some(original) = swapped.get(name) {
-                originals.insert(name, original);
-            } else if let Some(original) = existing.get(name)
-                && router.is_swap_of(original, image)
-            {
-                originals.insert(name, original);
-            }
-        }
-    }
-    let updated =
-        (!originals.is_empty()).then(|| serde_json::to_string(&originals).unwrap_or_default());
-    if updated.as_deref() == current {
-        return false;
-    }
-    let Some(annotations) = object
-        .as_object_mut()
-        .and_then(|pod| object_entry(pod, "metadata"))
-        .and_then(|metadata| object_entry(metadata, "annotations"))
-    else {
-        return false;
-    };
-    match updated {
-        Some(updated) => annotations.insert(
-            ORIGINAL_IMAGES_ANNOTATION.to_string(),
-            Value::String(updated),
-        ),
-        None => annotations.remove(ORIGINAL_IMAGES_ANNOTATION),
-    };
-    true
-}
-
-/// The object under `key`, made an empty object when it is missing or not an object.
-fn object_entry<'m>(
-    map: &'m mut Map<String, Value>,
-    key: &str,
-) -> Option<&'m mut Map<String, Value>> {
-    let value = map.entry(key).or_insert_with(|| Value::Object(Map::new()));
-    if !value.is_object() {
-        *value = Value::Object(Map::new());
-    }
-    value.as_object_mut()
-}
-
-/// Asks the registry once per distinct lookup per admission, however many containers or
-/// decisions need it; lookups keep the order of their first use. A refusal of the budget is
-/// remembered too: the budget only shrinks, so asking again would be refused again.
-struct LookOnce<'r, R: Registry> {
-    inner: &'r mut R,
-    digests: BTreeMap<String, Result<String, LookupError>>,
-    manifests: BTreeMap<String, Result<Manifest, LookupError>>,
-}
-
-impl<'r, R: Registry> LookOnce<'r, R> {
-    fn new(inner: &'r mut R) -> Self {
-        LookOnce {
-            inner,
-            digests: BTreeMap::new(),
-            manifests: BTreeMap::new(),
-        }
-    }
-}
-
-impl<R: Registry> Registry for LookOnce<'_, R> {
-    fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
-        let inner = &mut self.inner;
-        self.digests
-            .entry(image.to_string())
-            .or_insert_with(|| inner.manifest_digest(image))
-            .clone()
-    }
-
-    fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
-        let inner = &mut self.inner;
-        self.manifests
-            .entry(image.to_string())
-            .or_insert_with(|| inner.manifest(image))
-            .clone()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::budget::tests::FakeClock;
     use crate::decide::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use crate::registry::{LookupError, Manifest};
     use kubewarden_policy_sdk::request::GroupVersionKind;
+    use report::{AUDITED_CHARS_MAX, AUDITED_MAX, LISTED_MAX};
     use serde_json::json;
 
     const SETTINGS: &str = r#"{"mirrors":[

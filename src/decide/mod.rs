@@ -1,0 +1,496 @@
+//! The decision for one image: the table of DESIGN.md as one pure function over [`Registry`].
+//!
+//! `decide` routes the image and looks it up in the mirror; `verify_source` compares the
+//! mirror's copy with the source when `verifySource` asks for it.
+
+mod verify_source;
+
+use crate::policy::{Fallback, Policy, SwapPolicy};
+use crate::reference::{Reference, parse_digest};
+use crate::registry::{LookupError, Registry};
+use crate::rules::{Destination, Route};
+use crate::text::quote;
+
+use verify_source::{SourceCheck, check_source};
+
+/// Why an image was not swapped as asked, in a word: the audit annotations' reason codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// The mirror said it lacks the image.
+    Absent,
+    /// The mirror's copy differs from the source's content (`verifySource`).
+    Stale,
+    /// The registry could not be asked, or its answer could not be trusted.
+    LookupError,
+    /// Not looked up (or not compared): the lookup budget was spent.
+    Budget,
+    /// The mirror needs a pull secret the Pod lacks and cannot gain after creation.
+    NoPullSecret,
+    /// The image string is not a reference a runtime would pull.
+    InvalidReference,
+    /// A rule matched but names no valid mirror repository.
+    Unroutable,
+    /// Swapped without comparing with the source, which could not be asked (`verifySource`).
+    SourceUnverified,
+}
+
+impl Reason {
+    pub fn code(self) -> &'static str {
+        match self {
+            Reason::Absent => "absent",
+            Reason::Stale => "stale",
+            Reason::LookupError => "lookup-error",
+            Reason::Budget => "budget",
+            Reason::NoPullSecret => "no-pull-secret",
+            Reason::InvalidReference => "invalid-reference",
+            Reason::Unroutable => "unroutable",
+            Reason::SourceUnverified => "source-unverified",
+        }
+    }
+}
+
+/// A reason and the sentence that explains it to a person.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub reason: Reason,
+    pub text: String,
+}
+
+impl Note {
+    fn new(reason: Reason, text: String) -> Note {
+        Note { reason, text }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Not the policy's business: no rule matches, or an `exclude` pattern does.
+    Unchanged,
+    /// Already under a mirror target: admitting a swapped Pod again changes nothing.
+    AlreadySwapped,
+    /// Write `image`; add `pull_secret` to the Pod when it has one; tell `note` if any.
+    Swap {
+        image: String,
+        pull_secret: Option<String>,
+        note: Option<Note>,
+    },
+    /// Keep the original image, and tell the user why.
+    Keep(Note),
+    /// Refuse the Pod, for this reason.
+    Reject(Note),
+}
+
+pub fn decide(image: &str, policy: &Policy, registry: &mut impl Registry) -> Decision {
+    let reference = match Reference::parse(image) {
+        Ok(reference) => reference,
+        Err(error) => {
+            return Decision::Keep(Note::new(
+                Reason::InvalidReference,
+                format!(
+                    "image {}: not swapped, not a valid image reference: {error}",
+                    quote(image)
+                ),
+            ));
+        }
+    };
+    match policy.router.route(&reference) {
+        Route::NotMatched | Route::Excluded(_) => Decision::Unchanged,
+        Route::AlreadySwapped => Decision::AlreadySwapped,
+        Route::Unroutable { rule, reason } => Decision::Keep(Note::new(
+            Reason::Unroutable,
+            format!("image {}: not swapped, {rule}: {reason}", quote(image)),
+        )),
+        Route::Mirror(destination) => {
+            decide_mirror(image, &reference, &destination, policy, registry)
+        }
+    }
+}
+
+fn decide_mirror(
+    image: &str,
+    reference: &Reference,
+    destination: &Destination<'_>,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Decision {
+    let repository = &destination.repository;
+    let tagged = match reference.tag() {
+        Some(tag) => joined(repository, ':', tag),
+        None => repository.clone(),
+    };
+    let pull_secret = destination.pull_secret.map(str::to_string);
+    let swap = |image: String| Decision::Swap {
+        image,
+        pull_secret: pull_secret.clone(),
+        note: None,
+    };
+    match (policy.swap_policy, reference.digest()) {
+        (SwapPolicy::Always, Some(digest)) => swap(joined(&tagged, '@', digest)),
+        (SwapPolicy::Always, None) => swap(tagged),
+        // The digest names the content: the mirror must serve exactly it.
+        (SwapPolicy::Exists, Some(digest)) => {
+            let lookup = joined(repository, '@', digest);
+            match verified_digest(registry, &lookup) {
+                Ok(answer) if answer == digest => swap(joined(&tagged, '@', digest)),
+                Ok(answer) => fallback(
+                    policy,
+                    image,
+                    &lookup,
+                    Failure::LookupError(format!(
+                        "could not verify it: the mirror answered digest {answer} for it"
+                    )),
+                ),
+                Err(error) => fallback(policy, image, &lookup, error.into()),
+            }
+        }
+        (SwapPolicy::Exists, None) => {
+            let mirror_digest = match verified_digest(registry, &tagged) {
+                Ok(digest) => digest,
+                Err(error) => return fallback(policy, image, &tagged, error.into()),
+            };
+            let note = if policy.verify_source {
+                let mirror = joined(repository, '@', &mirror_digest);
+                match check_source(
+                    reference,
+                    &mirror,
+                    &mirror_digest,
+                    &policy.platforms,
+                    registry,
+                ) {
+                    SourceCheck::Same => None,
+                    SourceCheck::Unreachable(why) => Some(Note::new(
+                        Reason::SourceUnverified,
+                        format!(
+                            "image {}: swapped to the mirror without comparing it with the source, which could not be looked up ({why})",
+                            quote(image)
+                        ),
+                    )),
+                    SourceCheck::Stale(why) => {
+                        let failure = Failure::Stale(format!("the mirror copy is stale: {why}"));
+                        return fallback(policy, image, &tagged, failure);
+                    }
+                    SourceCheck::Failed(why) => {
+                        let failure = Failure::LookupError(format!(
+                            "could not compare it with the source ({why})"
+                        ));
+                        return fallback(policy, image, &tagged, failure);
+                    }
+                    // The comparison was not made, so nothing says the copy is current.
+                    SourceCheck::OverBudget => {
+                        return fallback(
+                            policy,
+                            image,
+                            &tagged,
+                            Failure::Budget("not compared with the source"),
+                        );
+                    }
+                }
+            } else {
+                None
+            };
+            let image = if policy.pin_digest {
+                joined(&tagged, '@', &mirror_digest)
+            } else {
+                tagged
+            };
+            Decision::Swap {
+                image,
+                pull_secret,
+                note,
+            }
+        }
+    }
+}
+
+/// `left` `separator` `right`, without the formatting machinery: this runs for every image.
+fn joined(left: &str, separator: char, right: &str) -> String {
+    let mut text = String::with_capacity(left.len() + 1 + right.len());
+    text.push_str(left);
+    text.push(separator);
+    text.push_str(right);
+    text
+}
+
+/// A digest the host answered, checked to be a digest: a malformed answer verifies nothing.
+fn verified_digest(registry: &mut impl Registry, image: &str) -> Result<String, LookupError> {
+    let answer = registry.manifest_digest(image)?;
+    match parse_digest(&answer) {
+        Ok(_) => Ok(answer),
+        Err(error) => Err(LookupError::Failed(format!(
+            "the host answered {}: {error}",
+            quote(&answer)
+        ))),
+    }
+}
+
+/// Why the mirror cannot be used, and so which setting decides.
+enum Failure {
+    /// `onMissing`: the mirror lacks the image.
+    Missing(String),
+    /// `onMissing`: the mirror holds a stale copy.
+    Stale(String),
+    /// `onLookupError`: the answer could not be had or could not be trusted.
+    LookupError(String),
+    /// `onLookupError`: the lookup (or comparison) was not made within the budget.
+    Budget(&'static str),
+}
+
+impl From<LookupError> for Failure {
+    fn from(error: LookupError) -> Self {
+        match error {
+            LookupError::Absent(why) => {
+                Failure::Missing(format!("the mirror does not have it ({why})"))
+            }
+            LookupError::Failed(why) => {
+                Failure::LookupError(format!("could not look it up ({why})"))
+            }
+            LookupError::OverBudget => Failure::Budget("not looked up"),
+        }
+    }
+}
+
+fn fallback(policy: &Policy, image: &str, lookup: &str, failure: Failure) -> Decision {
+    let (action, setting, reason, text) = match failure {
+        Failure::Missing(text) => (policy.on_missing, "onMissing", Reason::Absent, text),
+        Failure::Stale(text) => (policy.on_missing, "onMissing", Reason::Stale, text),
+        Failure::LookupError(text) => (
+            policy.on_lookup_error,
+            "onLookupError",
+            Reason::LookupError,
+            text,
+        ),
+        Failure::Budget(what) => (
+            policy.on_lookup_error,
+            "onLookupError",
+            Reason::Budget,
+            format!(
+                "{what}: the lookup budget of {} ms was spent",
+                policy.lookup_budget_ms
+            ),
+        ),
+    };
+    match action {
+        Fallback::Keep => Decision::Keep(Note::new(
+            reason,
+            format!(
+                "image {}: kept, not swapped to {}: {text}",
+                quote(image),
+                quote(lookup)
+            ),
+        )),
+        Fallback::Reject => Decision::Reject(Note::new(
+            reason,
+            format!(
+                "image {}: cannot be swapped to {}: {text}; {setting} is reject",
+                quote(image),
+                quote(lookup)
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use crate::policy::Policy;
+    use crate::registry::Manifest;
+    use crate::settings::parse_settings;
+    use rstest::rstest;
+    use std::collections::BTreeMap;
+
+    pub const DIGEST_A: &str =
+        "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    pub const DIGEST_B: &str =
+        "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    /// A registry in memory that records the lookups it was asked for.
+    #[derive(Default)]
+    pub struct FakeRegistry {
+        pub answers: BTreeMap<String, Result<String, LookupError>>,
+        pub manifests: BTreeMap<String, Manifest>,
+        pub asked: Vec<String>,
+    }
+
+    impl FakeRegistry {
+        pub fn with(mut self, image: &str, answer: Result<&str, LookupError>) -> Self {
+            self.answers
+                .insert(image.to_string(), answer.map(str::to_string));
+            self
+        }
+    }
+
+    impl Registry for FakeRegistry {
+        fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+            self.asked.push(image.to_string());
+            self.answers
+                .get(image)
+                .cloned()
+                .unwrap_or_else(|| Err(LookupError::Absent("manifest unknown".to_string())))
+        }
+
+        fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+            self.asked.push(format!("manifest {image}"));
+            self.manifests
+                .get(image)
+                .cloned()
+                .ok_or_else(|| LookupError::Absent("manifest unknown".to_string()))
+        }
+    }
+
+    pub fn policy_from(json: &str) -> Policy {
+        Policy::from_settings(&parse_settings(json.as_bytes()).expect("valid settings"))
+            .expect("valid settings")
+    }
+
+    const HUB: &str = r#""mirrors":[{"source":"docker.io","target":"mirror.example.com/dockerhub","pullSecret":"pull"}]"#;
+
+    fn absent() -> LookupError {
+        LookupError::Absent("manifest unknown".to_string())
+    }
+
+    fn failed() -> LookupError {
+        LookupError::Failed("connection refused".to_string())
+    }
+
+    fn swap(image: &str) -> Decision {
+        Decision::Swap {
+            image: image.to_string(),
+            pull_secret: Some("pull".to_string()),
+            note: None,
+        }
+    }
+
+    fn tag_at(d: &str) -> String {
+        format!("mirror.example.com/dockerhub/library/nginx:1.27@{d}")
+    }
+
+    #[rstest]
+    #[case::no_rule(
+        "",
+        "ghcr.io/org/app:1",
+        FakeRegistry::default(),
+        Decision::Unchanged,
+        0
+    )]
+    #[case::excluded(
+        r#","exclude":["docker.io/library/nginx:*"]"#,
+        "nginx:1.27",
+        FakeRegistry::default(),
+        Decision::Unchanged,
+        0
+    )]
+    #[case::already_swapped(
+        "",
+        "mirror.example.com/dockerhub/library/nginx:1.27",
+        FakeRegistry::default(),
+        Decision::AlreadySwapped,
+        0
+    )]
+    #[case::always_tag(
+        r#","swapPolicy":"always""#,
+        "nginx:1.27",
+        FakeRegistry::default(),
+        swap("mirror.example.com/dockerhub/library/nginx:1.27"),
+        0
+    )]
+    #[case::always_keeps_source_digest(r#","swapPolicy":"always""#, &format!("nginx:1.27@{DIGEST_A}"), FakeRegistry::default(), swap(&tag_at(DIGEST_A)), 0)]
+    #[case::tag_found_is_pinned("", "nginx:1.27", FakeRegistry::default().with("mirror.example.com/dockerhub/library/nginx:1.27", Ok(DIGEST_B)), swap(&tag_at(DIGEST_B)), 1)]
+    #[case::tag_found_unpinned(r#","pinDigest":false"#, "nginx:1.27", FakeRegistry::default().with("mirror.example.com/dockerhub/library/nginx:1.27", Ok(DIGEST_B)), swap("mirror.example.com/dockerhub/library/nginx:1.27"), 1)]
+    #[case::digest_found("", &format!("nginx:1.27@{DIGEST_A}"), FakeRegistry::default().with(&format!("mirror.example.com/dockerhub/library/nginx@{DIGEST_A}"), Ok(DIGEST_A)), swap(&tag_at(DIGEST_A)), 1)]
+    #[case::digest_only_found("", &format!("nginx@{DIGEST_A}"), FakeRegistry::default().with(&format!("mirror.example.com/dockerhub/library/nginx@{DIGEST_A}"), Ok(DIGEST_A)), swap(&format!("mirror.example.com/dockerhub/library/nginx@{DIGEST_A}")), 1)]
+    fn swaps_only_to_what_was_verified(
+        #[case] extra: &str,
+        #[case] image: &str,
+        #[case] mut registry: FakeRegistry,
+        #[case] expected: Decision,
+        #[case] lookups: usize,
+    ) {
+        let policy = policy_from(&format!("{{{HUB}{extra}}}"));
+        assert_eq!(decide(image, &policy, &mut registry), expected);
+        assert_eq!(
+            registry.asked.len(),
+            lookups,
+            "lookups: {:?}",
+            registry.asked
+        );
+    }
+
+    #[rstest]
+    #[case::missing_kept(
+        "",
+        Err(absent()),
+        "image \"nginx:1.27\": kept, not swapped to \"mirror.example.com/dockerhub/library/nginx:1.27\": the mirror does not have it (manifest unknown)"
+    )]
+    #[case::missing_rejected(
+        r#","onMissing":"reject""#,
+        Err(absent()),
+        "image \"nginx:1.27\": cannot be swapped to \"mirror.example.com/dockerhub/library/nginx:1.27\": the mirror does not have it (manifest unknown); onMissing is reject"
+    )]
+    #[case::error_kept(
+        "",
+        Err(failed()),
+        "image \"nginx:1.27\": kept, not swapped to \"mirror.example.com/dockerhub/library/nginx:1.27\": could not look it up (connection refused)"
+    )]
+    #[case::error_rejected(
+        r#","onLookupError":"reject""#,
+        Err(failed()),
+        "image \"nginx:1.27\": cannot be swapped to \"mirror.example.com/dockerhub/library/nginx:1.27\": could not look it up (connection refused); onLookupError is reject"
+    )]
+    #[case::error_is_not_missing(
+        r#","onMissing":"reject""#,
+        Err(failed()),
+        "image \"nginx:1.27\": kept, not swapped to \"mirror.example.com/dockerhub/library/nginx:1.27\": could not look it up (connection refused)"
+    )]
+    #[case::malformed_answer_is_an_error(
+        "",
+        Ok("latest"),
+        "image \"nginx:1.27\": kept, not swapped to \"mirror.example.com/dockerhub/library/nginx:1.27\": could not look it up (the host answered \"latest\": invalid digest format)"
+    )]
+    fn falls_back_as_configured(
+        #[case] extra: &str,
+        #[case] answer: Result<&str, LookupError>,
+        #[case] message: &str,
+    ) {
+        let policy = policy_from(&format!("{{{HUB}{extra}}}"));
+        let mut registry =
+            FakeRegistry::default().with("mirror.example.com/dockerhub/library/nginx:1.27", answer);
+        let decision = decide("nginx:1.27", &policy, &mut registry);
+        let text = match decision {
+            Decision::Keep(note) | Decision::Reject(note) => note.text,
+            other => panic!("expected a fallback, got {other:?}"),
+        };
+        assert_eq!(text, message);
+    }
+
+    #[test]
+    fn a_digest_lookup_answered_with_another_digest_is_not_trusted() {
+        let policy = policy_from(&format!("{{{HUB}}}"));
+        let lookup = format!("mirror.example.com/dockerhub/library/nginx@{DIGEST_A}");
+        let mut registry = FakeRegistry::default().with(&lookup, Ok(DIGEST_B));
+        let decision = decide(&format!("nginx@{DIGEST_A}"), &policy, &mut registry);
+        assert!(
+            matches!(&decision, Decision::Keep(note) if note.text.contains(DIGEST_B)),
+            "{decision:?}"
+        );
+    }
+
+    #[rstest]
+    #[case::empty("")]
+    #[case::garbage("::not an image::")]
+    #[case::upper_case("NGINX")]
+    fn invalid_images_are_kept_with_a_warning(#[case] image: &str) {
+        let policy = policy_from(&format!("{{{HUB}}}"));
+        let mut registry = FakeRegistry::default();
+        let decision = decide(image, &policy, &mut registry);
+        assert!(
+            matches!(&decision, Decision::Keep(note) if note.text.contains("not a valid image reference") && note.reason == Reason::InvalidReference)
+        );
+        assert!(registry.asked.is_empty());
+    }
+
+    #[test]
+    fn long_images_are_cut_in_messages() {
+        let quoted = quote(&"a".repeat(10_000));
+        assert!(quoted.len() < 220 && quoted.ends_with('…'), "{quoted}");
+    }
+}

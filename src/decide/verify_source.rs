@@ -1,0 +1,531 @@
+//! `verifySource`: whether the mirror's copy of a tag holds the source's content, with as few
+//! lookups as the case allows. Separate from the decision table because it is the only part
+//! that reads manifests and compares platforms.
+
+use crate::policy::Platform;
+use crate::reference::Reference;
+use crate::registry::{IndexEntry, LookupError, Manifest, Registry};
+use crate::text::quote;
+
+use super::verified_digest;
+
+/// What the source says of the mirror's copy of a tag.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum SourceCheck {
+    /// Same digest, or another encoding of the same content.
+    Same,
+    /// The source could not be asked: the mirror serves, which is what a mirror is for.
+    Unreachable(String),
+    /// The content differs: the tag moved upstream, or platforms are missing.
+    Stale(String),
+    /// The digests differ and the manifests needed to compare them could not be read.
+    Failed(String),
+    /// A lookup the comparison needed was not made: the budget was spent.
+    OverBudget,
+}
+
+/// Compares the mirror's copy (`mirror` = repository@digest) with the source tag, with as few
+/// lookups as the case allows: one when the digests are equal, three when they are not.
+pub(super) fn check_source(
+    source: &Reference,
+    mirror: &str,
+    mirror_digest: &str,
+    platforms: &[Platform],
+    registry: &mut impl Registry,
+) -> SourceCheck {
+    let source_tag = source.as_str();
+    let source_digest = match verified_digest(registry, source_tag) {
+        Ok(digest) => digest,
+        Err(LookupError::OverBudget) => return SourceCheck::OverBudget,
+        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+            return SourceCheck::Unreachable(format!("{}: {why}", quote(source_tag)));
+        }
+    };
+    if source_digest == mirror_digest {
+        return SourceCheck::Same;
+    }
+    let digests = format!("source {source_digest}, mirror {mirror_digest}");
+    let source_manifest = registry.manifest(&format!("{}@{source_digest}", source.name()));
+    if source_manifest == Err(LookupError::OverBudget) {
+        return SourceCheck::OverBudget;
+    }
+    let mirror_manifest = registry.manifest(mirror);
+    let (source_manifest, mirror_manifest) = match (source_manifest, mirror_manifest) {
+        (Ok(s), Ok(m)) => (s, m),
+        (_, Err(LookupError::OverBudget)) => return SourceCheck::OverBudget,
+        (Err(LookupError::Absent(why) | LookupError::Failed(why)), _)
+        | (_, Err(LookupError::Absent(why) | LookupError::Failed(why))) => {
+            return SourceCheck::Failed(format!("{digests}: {why}"));
+        }
+        (Err(LookupError::OverBudget), _) => return SourceCheck::OverBudget,
+    };
+    match (&source_manifest, &mirror_manifest) {
+        (
+            Manifest::Image {
+                config_digest: source_config,
+            },
+            Manifest::Image {
+                config_digest: mirror_config,
+            },
+        ) => {
+            if source_config == mirror_config {
+                SourceCheck::Same
+            } else {
+                SourceCheck::Stale(format!(
+                    "the tag now names other content upstream ({digests})"
+                ))
+            }
+        }
+        (Manifest::Index { entries }, mirror_manifest) => {
+            compare_index(entries, mirror_manifest, mirror_digest, platforms, &digests)
+        }
+        (Manifest::Image { .. }, Manifest::Index { .. }) => SourceCheck::Stale(format!(
+            "the source is now a single-platform image, the mirror an index ({digests})"
+        )),
+    }
+}
+
+/// A source index against the mirror's copy: every source entry a wanted platform selects
+/// (all runnable ones when `platforms` is empty) must be held by the mirror, by digest. An
+/// os/architecture may select several entries (one per `os.version`, variant or
+/// `os.features`), and each of them counts.
+fn compare_index(
+    entries: &[IndexEntry],
+    mirror: &Manifest,
+    mirror_digest: &str,
+    platforms: &[Platform],
+    digests: &str,
+) -> SourceCheck {
+    let selected: Vec<&IndexEntry> = entries
+        .iter()
+        .filter(|e| e.is_runnable())
+        .filter(|e| platforms.is_empty() || platforms.iter().any(|p| e.selected_by(p)))
+        .collect();
+    let not_upstream: Vec<String> = platforms
+        .iter()
+        .filter(|p| !entries.iter().any(|e| e.is_runnable() && e.selected_by(p)))
+        .map(Platform::to_string)
+        .collect();
+    if selected.is_empty() && platforms.is_empty() {
+        return SourceCheck::Stale(format!(
+            "the source index lists no runnable platform ({digests})"
+        ));
+    }
+    let not_mirrored: Vec<String> = selected
+        .iter()
+        .filter(|entry| !mirror_holds(mirror, mirror_digest, &entry.digest))
+        .map(|entry| entry.describe())
+        .collect();
+    let mut reasons = Vec::new();
+    if !not_mirrored.is_empty() {
+        reasons.push(format!(
+            "it lacks the source's manifest for {}",
+            not_mirrored.join(", ")
+        ));
+    }
+    if !not_upstream.is_empty() {
+        reasons.push(format!(
+            "the source lists no manifest for {}",
+            not_upstream.join(", ")
+        ));
+    }
+    if reasons.is_empty() {
+        SourceCheck::Same
+    } else {
+        SourceCheck::Stale(format!("{} ({digests})", reasons.join("; ")))
+    }
+}
+
+/// Whether the mirror holds the very manifest `digest`: as its single manifest, or listed in
+/// its own index.
+fn mirror_holds(mirror: &Manifest, mirror_digest: &str, digest: &str) -> bool {
+    match mirror {
+        Manifest::Image { .. } => digest == mirror_digest,
+        Manifest::Index { entries } => entries.iter().any(|e| e.digest == digest),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use super::super::*;
+    use super::*;
+    use rstest::rstest;
+
+    const MIRROR_TAG: &str = "m.io/hub/library/app:1";
+    const SOURCE_TAG: &str = "docker.io/library/app:1";
+    const DIGEST_C: &str =
+        "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
+    const DIGEST_D: &str =
+        "sha256:dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd";
+
+    fn settings(extra: &str) -> Policy {
+        policy_from(&format!(
+            r#"{{"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"verifySource":true{extra}}}"#
+        ))
+    }
+
+    fn image(config: &str) -> Manifest {
+        Manifest::Image {
+            config_digest: config.to_string(),
+        }
+    }
+
+    fn entry(digest: &str, platform: &str) -> IndexEntry {
+        let mut parts = platform.split('/');
+        IndexEntry {
+            digest: digest.to_string(),
+            os: parts.next().unwrap_or_default().to_string(),
+            architecture: parts.next().unwrap_or_default().to_string(),
+            variant: parts.next().map(str::to_string),
+            ..IndexEntry::default()
+        }
+    }
+
+    /// A source index of amd64 (DIGEST_C), arm64 (DIGEST_D) and an attestation.
+    fn source_index() -> Manifest {
+        Manifest::Index {
+            entries: vec![
+                entry(DIGEST_C, "linux/amd64"),
+                entry(DIGEST_D, "linux/arm64/v8"),
+                entry(DIGEST_A, "unknown/unknown"),
+            ],
+        }
+    }
+
+    fn registry(mirror: &str, source: Result<&str, LookupError>) -> FakeRegistry {
+        FakeRegistry::default()
+            .with(MIRROR_TAG, Ok(mirror))
+            .with(SOURCE_TAG, source)
+    }
+
+    fn with_manifests(
+        mut registry: FakeRegistry,
+        source_digest: &str,
+        source: Manifest,
+        mirror_digest: &str,
+        mirror: Manifest,
+    ) -> FakeRegistry {
+        registry
+            .manifests
+            .insert(format!("docker.io/library/app@{source_digest}"), source);
+        registry
+            .manifests
+            .insert(format!("m.io/hub/library/app@{mirror_digest}"), mirror);
+        registry
+    }
+
+    fn outcome(decision: &Decision) -> String {
+        match decision {
+            Decision::Swap {
+                image, note: None, ..
+            } => format!("swap {image}"),
+            Decision::Swap {
+                image,
+                note: Some(note),
+                ..
+            } => format!("swap {image} warning {}", note.text),
+            Decision::Keep(note) => format!("keep {}", note.text),
+            Decision::Reject(note) => format!("reject {}", note.text),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::same_digest(
+        "",
+        registry(DIGEST_B, Ok(DIGEST_B)),
+        "swap m.io/hub/library/app:1@sha256:bbbb",
+        2
+    )]
+    #[case::tag_moved_upstream(
+        "",
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_D)
+        ),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: the tag now names other content upstream (source sha256:aaaa",
+        4
+    )]
+    #[case::tag_moved_upstream_rejected(
+        r#","onMissing":"reject""#,
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_D)
+        ),
+        "reject image \"docker.io/library/app:1\": cannot be swapped to \"m.io/hub/library/app:1\": the mirror copy is stale",
+        4
+    )]
+    #[case::converted_format_same_config(
+        "",
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_C)
+        ),
+        "swap m.io/hub/library/app:1@sha256:bbbb",
+        4
+    )]
+    #[case::single_platform_copy_covers_listed_platform(
+        r#","platforms":["linux/amd64"]"#,
+        with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source_index(),
+            DIGEST_C,
+            image(DIGEST_A)
+        ),
+        "swap m.io/hub/library/app:1@sha256:cccc",
+        4
+    )]
+    #[case::single_platform_copy_lacks_other_platforms(
+        "",
+        with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source_index(),
+            DIGEST_C,
+            image(DIGEST_A)
+        ),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: it lacks the source's manifest for linux/arm64/v8 (source sha256:bbbb",
+        4
+    )]
+    #[case::index_copy_covers_every_platform(
+        "",
+        with_manifests(registry(DIGEST_A, Ok(DIGEST_B)), DIGEST_B, source_index(), DIGEST_A,
+            Manifest::Index { entries: vec![entry(DIGEST_D, "linux/arm64/v8"), entry(DIGEST_C, "linux/amd64")] }),
+        "swap m.io/hub/library/app:1@sha256:aaaa",
+        4
+    )]
+    #[case::index_copy_with_other_manifest(
+        r#","platforms":["linux/arm64"]"#,
+        with_manifests(registry(DIGEST_A, Ok(DIGEST_B)), DIGEST_B, source_index(), DIGEST_A,
+            Manifest::Index { entries: vec![entry(DIGEST_A, "linux/arm64/v8"), entry(DIGEST_C, "linux/amd64")] }),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: it lacks the source's manifest for linux/arm64",
+        4
+    )]
+    #[case::source_single_mirror_index(
+        "",
+        with_manifests(
+            registry(DIGEST_A, Ok(DIGEST_B)),
+            DIGEST_B,
+            image(DIGEST_C),
+            DIGEST_A,
+            source_index()
+        ),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: the source is now a single-platform image",
+        4
+    )]
+    #[case::source_unreachable(
+        "",
+        registry(DIGEST_B, Err(LookupError::Failed("error sending request".to_string()))),
+        &format!("swap m.io/hub/library/app:1@{DIGEST_B} warning image \"docker.io/library/app:1\": swapped to the mirror without comparing it with the source, which could not be looked up (\"docker.io/library/app:1\": error sending request)"),
+        2
+    )]
+    #[case::manifests_unreadable(
+        "",
+        registry(DIGEST_B, Ok(DIGEST_A)),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": could not compare it with the source (source sha256:aaaa",
+        4
+    )]
+    #[case::mirror_missing_needs_no_source_lookup(
+        "",
+        FakeRegistry::default(),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror does not have it",
+        1
+    )]
+    fn verify_source_compares_content(
+        #[case] extra: &str,
+        #[case] mut registry: FakeRegistry,
+        #[case] expected: &str,
+        #[case] lookups: usize,
+    ) {
+        let decision = decide(SOURCE_TAG, &settings(extra), &mut registry);
+        let outcome = outcome(&decision);
+        assert!(
+            outcome.starts_with(expected),
+            "{outcome}\n  should start with\n{expected}"
+        );
+        assert_eq!(registry.asked.len(), lookups, "{:?}", registry.asked);
+    }
+
+    #[test]
+    fn a_wanted_platform_the_source_lacks_is_named_as_such() {
+        let mut registry = with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source_index(),
+            DIGEST_C,
+            image(DIGEST_A),
+        );
+        let policy = settings(r#","platforms":["linux/amd64","linux/s390x"]"#);
+        let outcome = outcome(&decide(SOURCE_TAG, &policy, &mut registry));
+        assert!(
+            outcome.contains("stale: the source lists no manifest for linux/s390x (source"),
+            "{outcome}"
+        );
+    }
+
+    #[test]
+    fn stale_warning_shows_both_digests() {
+        let mut registry = with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_D),
+        );
+        let outcome = outcome(&decide(SOURCE_TAG, &settings(""), &mut registry));
+        assert!(
+            outcome.contains("stale") && outcome.contains(DIGEST_A) && outcome.contains(DIGEST_B),
+            "{outcome}"
+        );
+    }
+
+    #[test]
+    fn digest_references_need_no_source_lookup() {
+        let lookup = format!("m.io/hub/library/app@{DIGEST_A}");
+        let mut registry = FakeRegistry::default().with(&lookup, Ok(DIGEST_A));
+        let decision = decide(&format!("app@{DIGEST_A}"), &settings(""), &mut registry);
+        assert!(
+            matches!(decision, Decision::Swap { note: None, .. }),
+            "{decision:?}"
+        );
+        assert_eq!(registry.asked, [lookup]);
+    }
+
+    fn windows_entry(digest: &str, version: &str) -> IndexEntry {
+        IndexEntry {
+            os_version: Some(version.to_string()),
+            ..entry(digest, "windows/amd64")
+        }
+    }
+
+    /// A Windows index lists one entry per os.version: each must be held by the mirror.
+    #[rstest]
+    #[case::every_os_version_held(
+        vec![windows_entry(DIGEST_C, "10.0.17763.1"), windows_entry(DIGEST_D, "10.0.20348.1")],
+        "swap"
+    )]
+    #[case::second_os_version_stale(
+        vec![windows_entry(DIGEST_C, "10.0.17763.1"), windows_entry(DIGEST_B, "10.0.20348.1")],
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: it lacks the source's manifest for windows/amd64 os.version 10.0.20348.1 (source"
+    )]
+    fn every_entry_a_platform_selects_is_compared(
+        #[case] mirror_entries: Vec<IndexEntry>,
+        #[case] expected: &str,
+    ) {
+        let source = Manifest::Index {
+            entries: vec![
+                windows_entry(DIGEST_C, "10.0.17763.1"),
+                windows_entry(DIGEST_D, "10.0.20348.1"),
+            ],
+        };
+        let mut registry = with_manifests(
+            registry(DIGEST_A, Ok(DIGEST_B)),
+            DIGEST_B,
+            source,
+            DIGEST_A,
+            Manifest::Index {
+                entries: mirror_entries,
+            },
+        );
+        let policy = settings(r#","platforms":["windows/amd64"]"#);
+        let outcome = outcome(&decide(SOURCE_TAG, &policy, &mut registry));
+        assert!(outcome.starts_with(expected), "{outcome}");
+    }
+
+    #[test]
+    fn os_features_are_part_of_an_entrys_identity() {
+        let with_features = IndexEntry {
+            os_features: vec!["win32k".to_string()],
+            ..windows_entry(DIGEST_D, "10.0.20348.1")
+        };
+        assert_eq!(
+            with_features.describe(),
+            "windows/amd64 os.version 10.0.20348.1 os.features win32k"
+        );
+        let source = Manifest::Index {
+            entries: vec![windows_entry(DIGEST_C, "10.0.17763.1"), with_features],
+        };
+        // The mirror is a single-platform copy of the first entry: the second is missing.
+        let mut registry = with_manifests(
+            registry(DIGEST_C, Ok(DIGEST_B)),
+            DIGEST_B,
+            source,
+            DIGEST_C,
+            image(DIGEST_A),
+        );
+        let outcome = outcome(&decide(SOURCE_TAG, &settings(""), &mut registry));
+        assert!(
+            outcome.contains("lacks the source's manifest for windows/amd64 os.version 10.0.20348.1 os.features win32k"),
+            "{outcome}"
+        );
+    }
+
+    /// A registry that refuses every lookup after the first `allowed` ones, as the budget does.
+    struct Rationed {
+        inner: FakeRegistry,
+        allowed: usize,
+    }
+
+    impl Registry for Rationed {
+        fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+            if self.allowed == 0 {
+                return Err(LookupError::OverBudget);
+            }
+            self.allowed -= 1;
+            self.inner.manifest_digest(image)
+        }
+
+        fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+            if self.allowed == 0 {
+                return Err(LookupError::OverBudget);
+            }
+            self.allowed -= 1;
+            self.inner.manifest(image)
+        }
+    }
+
+    /// The budget runs out between the mirror lookup and the comparison: onLookupError,
+    /// never a swap, and never "source unreachable" (which would swap).
+    #[rstest]
+    #[case::before_the_source_digest(1, "", "keep")]
+    #[case::before_the_manifests(2, "", "keep")]
+    #[case::before_the_mirror_manifest(3, "", "keep")]
+    #[case::rejected(1, r#","onLookupError":"reject""#, "reject")]
+    fn a_comparison_cut_by_the_budget_is_a_lookup_error(
+        #[case] allowed: usize,
+        #[case] extra: &str,
+        #[case] verdict: &str,
+    ) {
+        let inner = with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            image(DIGEST_C),
+            DIGEST_B,
+            image(DIGEST_C),
+        );
+        let mut registry = Rationed { inner, allowed };
+        let decision = decide(SOURCE_TAG, &settings(extra), &mut registry);
+        let note = match (&decision, verdict) {
+            (Decision::Keep(note), "keep") | (Decision::Reject(note), "reject") => note,
+            _ => panic!("expected {verdict}, got {decision:?}"),
+        };
+        assert_eq!(note.reason, Reason::Budget);
+        assert!(
+            note.text
+                .contains("not compared with the source: the lookup budget of 800 ms was spent"),
+            "{}",
+            note.text
+        );
+    }
+}

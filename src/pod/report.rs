@@ -1,0 +1,166 @@
+//! The last step of an admission: what it tells people. Warnings and rejection messages for
+//! kubectl, audit annotations for the API server's audit log.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::budget::BudgetReport;
+use crate::decide::{Note, Reason};
+use crate::policy::{Fallback, Policy};
+use crate::text::{quote, truncated};
+
+use super::Verdicts;
+
+/// The warnings and the rejection reasons, one per distinct image, except that the images the
+/// budget left unlooked-up share one message that names the budget.
+pub(super) fn messages(
+    verdicts: &Verdicts,
+    policy: &Policy,
+    report: &BudgetReport,
+) -> (Vec<String>, Vec<String>) {
+    let over_budget = |(_, note): &&(String, Note)| note.reason == Reason::Budget;
+    let mut warnings: Vec<String> = verdicts
+        .swapped_with_note
+        .iter()
+        .chain(&verdicts.kept)
+        .filter(|entry| !over_budget(entry))
+        .map(|(_, note)| note.text.clone())
+        .collect();
+    let mut rejections: Vec<String> = verdicts
+        .rejected
+        .iter()
+        .filter(|entry| !over_budget(entry))
+        .map(|(_, note)| note.text.clone())
+        .collect();
+    let budget_images: Vec<&str> = verdicts
+        .kept
+        .iter()
+        .chain(&verdicts.rejected)
+        .filter(over_budget)
+        .map(|(image, _)| image.as_str())
+        .collect();
+    if !budget_images.is_empty() {
+        let message = budget_message(&budget_images, policy.on_lookup_error, report);
+        match policy.on_lookup_error {
+            Fallback::Keep => warnings.push(message),
+            Fallback::Reject => rejections.push(message),
+        }
+    }
+    (capped(warnings, "images not swapped"), rejections)
+}
+
+/// "lookup budget of 800 ms spent: 812 ms on 2 lookups (slowest 406 ms); 28 images were not
+/// looked up or compared and were kept as they were (onLookupError is keep): "a", "b", …"
+fn budget_message(images: &[&str], action: Fallback, report: &BudgetReport) -> String {
+    const NAMED: usize = 5;
+    let mut named: Vec<String> = images.iter().take(NAMED).map(|i| quote(i)).collect();
+    if images.len() > NAMED {
+        named.push(format!("and {} more", images.len() - NAMED));
+    }
+    let count = match images.len() {
+        1 => "1 image was".to_string(),
+        n => format!("{n} images were"),
+    };
+    let lookups = match report.lookups {
+        1 => "1 lookup".to_string(),
+        n => format!("{n} lookups"),
+    };
+    let outcome = match action {
+        Fallback::Keep => "kept as they were",
+        Fallback::Reject => "refused",
+    };
+    format!(
+        "lookup budget of {} ms spent: {} ms on {lookups} (slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
+        report.limit_ms(),
+        report.spent_ms(),
+        report.slowest_ms(),
+        action.as_str(),
+        named.join(", ")
+    )
+}
+
+/// The most entries listed under one audit annotation key; the summary counts them all.
+pub(super) const AUDITED_MAX: usize = 20;
+/// The longest image or container name quoted in an audit annotation.
+pub(super) const AUDITED_CHARS_MAX: usize = 200;
+
+/// What the admission did, for the API server's audit log: `swapped` (container, from, to),
+/// `kept` and `rejected` (image, reason code), and a `summary` with the counts and the
+/// lookups' time. Empty when there is nothing to report.
+pub(super) fn audit_annotations(
+    verdicts: &Verdicts,
+    report: &BudgetReport,
+) -> BTreeMap<String, String> {
+    let mut audit = BTreeMap::new();
+    if verdicts.swaps.is_empty()
+        && verdicts.kept.is_empty()
+        && verdicts.rejected.is_empty()
+        && report.lookups == 0
+    {
+        return audit;
+    }
+    let cut = |text: &str| truncated(text, AUDITED_CHARS_MAX);
+    let notes: BTreeMap<&str, &Note> = verdicts
+        .swapped_with_note
+        .iter()
+        .map(|(image, note)| (image.as_str(), note))
+        .collect();
+    let swapped: Vec<Value> = verdicts
+        .swaps
+        .iter()
+        .take(AUDITED_MAX)
+        .map(|swap| {
+            let mut entry = json!({
+                "container": cut(&swap.name),
+                "from": cut(&swap.original),
+                "to": cut(&swap.image),
+            });
+            if swap.reapplied {
+                entry["reapplied"] = json!(true);
+            }
+            if let Some(note) = notes.get(swap.original.as_str()) {
+                entry["reason"] = json!(note.reason.code());
+            }
+            entry
+        })
+        .collect();
+    let by_image = |list: &[(String, Note)]| -> Vec<Value> {
+        list.iter()
+            .take(AUDITED_MAX)
+            .map(|(image, note)| json!({"image": cut(image), "reason": note.reason.code()}))
+            .collect()
+    };
+    for (key, entries) in [
+        ("swapped", swapped),
+        ("kept", by_image(&verdicts.kept)),
+        ("rejected", by_image(&verdicts.rejected)),
+    ] {
+        if !entries.is_empty() {
+            audit.insert(key.to_string(), Value::Array(entries).to_string());
+        }
+    }
+    let summary = json!({
+        "swapped": verdicts.swaps.len(),
+        "kept": verdicts.kept.len(),
+        "rejected": verdicts.rejected.len(),
+        "lookups": report.lookups,
+        "lookupMilliseconds": report.spent_ms(),
+        "budgetMilliseconds": report.limit_ms(),
+        "notLookedUp": report.refused,
+    });
+    audit.insert("summary".to_string(), summary.to_string());
+    audit
+}
+
+/// Kubernetes truncates long warning lists; past this many entries, the rest are counted.
+pub(super) const LISTED_MAX: usize = 20;
+
+pub(super) fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
+    if items.len() > LISTED_MAX {
+        let more = items.len() - LISTED_MAX;
+        items.truncate(LISTED_MAX);
+        items.push(format!("… and {more} more {what}"));
+    }
+    items
+}
