@@ -1,7 +1,7 @@
 //! One admission, in the order its steps run:
 //!
 //! 1. `candidates`: which containers to decide on (on update, only changed images);
-//! 2. the re-apply rule and one decision per distinct image (`crate::decide`), each lookup asked
+//! 2. `reapply`: the running swap a re-applied manifest keeps; then one decision per distinct image (`crate::decide`), each lookup asked
 //!    once (`look_once`) within the lookup budget (`crate::budget`);
 //! 3. `pull_secrets`: whether a mirror's secret can be added, and adding it;
 //! 4. `record`: the original-images annotation;
@@ -13,6 +13,7 @@ mod candidates;
 mod look_once;
 mod object;
 mod pull_secrets;
+mod reapply;
 mod record;
 mod report;
 
@@ -31,6 +32,7 @@ use candidates::{Candidate, candidates};
 use look_once::LookOnce;
 use object::{annotation, container_mut};
 use pull_secrets::{add_pull_secrets, check_pull_secret, pull_secret_names};
+use reapply::running_swap;
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};
 use report::{audit_annotations, capped, messages};
@@ -210,13 +212,7 @@ fn decide_all(
     let mut decisions: BTreeMap<&str, Decision> = BTreeMap::new();
     let mut verdicts = Verdicts::default();
     for candidate in candidates {
-        // `kubectl apply` re-sends the image the user wrote while the live Pod runs its swap:
-        // keep the running image (no lookup, no restart) when the record and the old image
-        // agree. The record alone never decides.
-        if let Some(old_image) = candidate.old_image
-            && recorded.get(candidate.name).map(String::as_str) == Some(candidate.image)
-            && policy.router.is_swap_of(candidate.image, old_image)
-        {
+        if let Some(old_image) = running_swap(candidate, recorded, &policy.router) {
             verdicts.swaps.push(Swap {
                 list: candidate.list,
                 index: candidate.index,
