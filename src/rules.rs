@@ -195,9 +195,9 @@ impl Router {
     }
 
     /// Whether `image` is what this policy would have written for `original`: routing the
-    /// original names the image's repository and tag (any digest, since pinning adds one).
-    /// This is how an UPDATE that re-sends a recorded original is recognised; it never looks
-    /// anything up.
+    /// original names the image's repository and tag, and the image's digest is the original's
+    /// when the original names one (any digest otherwise, since pinning adds one). This is how
+    /// an UPDATE that re-sends a recorded original is recognised; it never looks anything up.
     pub fn is_swap_of(&self, original: &str, image: &str) -> bool {
         let (Ok(original), Ok(image)) = (Reference::parse(original), Reference::parse(image))
         else {
@@ -205,7 +205,9 @@ impl Router {
         };
         match self.route(&original) {
             Route::Mirror(destination) => {
-                destination.repository == image.name() && original.tag() == image.tag()
+                destination.repository == image.name()
+                    && original.tag() == image.tag()
+                    && original.digest().is_none_or(|digest| image.digest() == Some(digest))
             }
             _ => false,
         }
@@ -324,11 +326,15 @@ mod swap_of_tests {
 
     const SETTINGS: &str = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],"exclude":["docker.io/library/pause:*"]}"#;
     const D: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const E: &str = "sha256:eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 
     #[rstest]
     #[case::pinned_swap("nginx:1.27", &format!("m.io/hub/library/nginx:1.27@{D}"), true)]
     #[case::unpinned_swap("nginx:1.27", "m.io/hub/library/nginx:1.27", true)]
     #[case::digest_original(&format!("nginx@{D}"), &format!("m.io/hub/library/nginx@{D}"), true)]
+    #[case::digest_original_other_digest(&format!("nginx@{D}"), &format!("m.io/hub/library/nginx@{E}"), false)]
+    #[case::tag_and_digest_original_other_digest(&format!("nginx:1.27@{D}"), &format!("m.io/hub/library/nginx:1.27@{E}"), false)]
+    #[case::tag_and_digest_original_same_digest(&format!("nginx:1.27@{D}"), &format!("m.io/hub/library/nginx:1.27@{D}"), true)]
     #[case::other_tag("nginx:1.27", "m.io/hub/library/nginx:1.26", false)]
     #[case::other_repository("nginx:1.27", "m.io/hub/library/httpd:1.27", false)]
     #[case::not_under_a_target("nginx:1.27", "nginx:1.27", false)]
