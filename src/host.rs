@@ -75,7 +75,9 @@ pub fn read_host_error(text: &str) -> LookupError {
         .strip_prefix("Fail to interact with OCI registry: ")
         .unwrap_or(head);
     if let Some(messages) = envelope_messages(head) {
-        let absent = messages.iter().any(|m| is_absent_message(m));
+        // Absent only when the registry says nothing else: "authentication required; manifest
+        // unknown" is a registry that could not be asked properly, not a pruned image.
+        let absent = messages.iter().all(|m| is_absent_message(m));
         let line = one_line(&format!("registry: {}", messages.join("; ")));
         return if absent {
             LookupError::Absent(line)
@@ -263,10 +265,15 @@ mod tests {
         true,
         "registry: manifest unknown"
     )]
-    #[case::two_envelope_errors(
+    #[case::an_absent_wording_among_other_errors_is_not_absent(
         "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: authentication required\nOCI API error: manifest unknown]",
-        true,
+        false,
         "registry: authentication required; manifest unknown"
+    )]
+    #[case::two_absent_wordings(
+        "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: manifest unknown\nOCI API error: repository name not known to registry]",
+        true,
+        "registry: manifest unknown; repository name not known to registry"
     )]
     #[case::server_error_404(
         "Fail to interact with OCI registry: Server error: url https://m.io/v2/x/manifests/1, code: 404, message: \n\nCaused by:\n    Server error: url https://m.io/v2/x/manifests/1, code: 404, message: ",
