@@ -8,6 +8,10 @@ use serde_json::Value;
 use super::object::container_list;
 
 /// The container lists, in the order their images are looked up.
+/// The only list the API server keeps from a `pods/ephemeralcontainers` request: deciding the
+/// others would look up, warn about and even reject changes that are thrown away.
+pub(super) const EPHEMERAL_LIST: [&str; 1] = ["ephemeralContainers"];
+
 pub(super) const CONTAINER_LISTS: [&str; 3] =
     ["containers", "initContainers", "ephemeralContainers"];
 
@@ -21,12 +25,17 @@ pub(super) struct Candidate<'o> {
     pub(super) old_image: Option<&'o str>,
 }
 
-/// The containers to decide on, in lookup order. On update, only containers whose image
-/// changed, and ephemeral containers that were added: changing the image of a running container
-/// restarts it, so an update that did not touch an image must not touch it either.
-pub(super) fn candidates<'o>(object: &'o Value, old: Option<&'o Value>) -> Vec<Candidate<'o>> {
+/// The containers to decide on, in container order, from `lists`. On update, only containers
+/// whose image changed, and ephemeral containers that were added: changing the image of a
+/// running container restarts it, so an update that did not touch an image must not touch it
+/// either.
+pub(super) fn candidates<'o>(
+    object: &'o Value,
+    old: Option<&'o Value>,
+    lists: &[&'static str],
+) -> Vec<Candidate<'o>> {
     let mut candidates = Vec::new();
-    for list in CONTAINER_LISTS {
+    for &list in lists {
         let Some(containers) = container_list(object, list) else {
             continue;
         };

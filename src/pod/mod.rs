@@ -28,7 +28,7 @@ use crate::decide::{Decision, Note, decide};
 use crate::policy::Policy;
 use crate::registry::Registry;
 
-use candidates::{Candidate, candidates};
+use candidates::{CONTAINER_LISTS, Candidate, EPHEMERAL_LIST, candidates};
 use look_once::LookOnce;
 use object::{annotation, container_mut};
 use pull_secrets::{add_pull_secrets, check_pull_secret, pull_secret_names};
@@ -132,7 +132,11 @@ pub fn admit(
         Operation::Create => None,
         _ => Some(&request.old_object),
     };
-    let candidates = candidates(&request.object, old);
+    let lists: &[&str] = match operation {
+        Operation::EphemeralContainers => &EPHEMERAL_LIST,
+        _ => &CONTAINER_LISTS,
+    };
+    let candidates = candidates(&request.object, old, lists);
     if candidates.is_empty() {
         return Outcome::unchanged();
     }
@@ -507,6 +511,32 @@ mod tests {
             pod["metadata"].get("annotations").is_none(),
             "the API server would drop it"
         );
+    }
+
+    /// The API server keeps only `ephemeralContainers` from this subresource: a body whose other
+    /// containers differ from `oldObject` causes no lookup, no warning and no rejection.
+    #[test]
+    fn ephemeral_container_subresource_ignores_the_other_lists() {
+        let old = pod(json!({"containers": [{"name": "web", "image": ARGO}]}));
+        let mut new = old.clone();
+        new["spec"]["containers"][0]["image"] = json!("nginx:missing");
+        new["spec"]["initContainers"] = json!([{"name": "init", "image": "nginx:gone"}]);
+        new["spec"]["ephemeralContainers"] =
+            json!([{"name": "debug", "image": "quay.io/argoproj/argocd:v2"}]);
+        let policy = policy_from(&SETTINGS.replace("]}", r#"],"onMissing":"reject"}"#));
+        let mut registry = registry();
+        let outcome = admit(
+            request("UPDATE", "ephemeralcontainers", new, old),
+            &policy,
+            &mut registry,
+        );
+        assert!(outcome.warnings.is_empty(), "{:?}", outcome.warnings);
+        let pod = mutated(outcome);
+        assert_eq!(
+            pod["spec"]["ephemeralContainers"][0]["image"],
+            format!("{ARGO}@{DIGEST_B}")
+        );
+        assert_eq!(registry.asked, [ARGO]);
     }
 
     #[test]
