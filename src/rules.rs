@@ -207,7 +207,9 @@ impl Router {
             Route::Mirror(destination) => {
                 destination.repository == image.name()
                     && original.tag() == image.tag()
-                    && original.digest().is_none_or(|digest| image.digest() == Some(digest))
+                    && original
+                        .digest()
+                        .is_none_or(|digest| image.digest() == Some(digest))
             }
             _ => false,
         }

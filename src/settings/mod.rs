@@ -5,13 +5,18 @@
 //! settings arrive with every request. It is linear in the number of rules (quadratic only in
 //! the pairwise target check, over a handful of rules) and builds no regular expression.
 
+mod one_to_one;
+mod prefix;
+
 use kubewarden_policy_sdk::settings::Validatable;
 use serde::{Deserialize, Serialize};
 
 use crate::glob::Glob;
 use crate::policy::{Fallback, Platform, Policy, SwapPolicy};
-use crate::reference::{self, is_domain, is_path_component, looks_like_registry_host};
-use crate::rules::{Prefix, Router, Rule};
+use crate::rules::{Router, Rule};
+
+use one_to_one::check_one_to_one;
+use prefix::{is_secret_name, parse_prefix};
 
 /// The default of `lookupBudgetMilliseconds`: policy-server's default evaluation timeout is 2 s,
 /// counted in one-second ticks, so an evaluation may be interrupted after only 1 s; 800 ms of
@@ -171,112 +176,6 @@ impl Policy {
     }
 }
 
-/// One way into the mirror, for the one-to-one check: a rule, or `defaultMirror`, whose
-/// source is every name (`<registry>/<name>`).
-struct Mapping<'r> {
-    field: String,
-    source: Option<&'r Prefix>,
-    target: &'r Prefix,
-}
-
-impl Mapping<'_> {
-    /// The source name this way in sends to `target/rest`: `source/rest`, or for
-    /// `defaultMirror` `rest` itself.
-    fn source_of(&self, rest: &str) -> String {
-        match self.source {
-            Some(source) => source.join(rest),
-            None => rest.to_string(),
-        }
-    }
-}
-
-/// No two distinct source names may map to one mirror name. Two ways in whose targets are
-/// equal or nested (`inner` = `outer/suffix`) meet unless the inner one mirrors exactly the
-/// outer one's `source/suffix`: then every name under it goes through the inner (more specific)
-/// rule to the very place the outer rule would have sent it. With every nested pair so, the
-/// ways in that could produce one mirror name all agree on its source name.
-///
-/// A source under any target never applies either: its images count as already swapped.
-fn check_one_to_one(rules: &[Rule], default_mirror: Option<&Prefix>, errors: &mut Vec<String>) {
-    let mappings: Vec<Mapping<'_>> = rules
-        .iter()
-        .map(|rule| Mapping {
-            field: format!("mirrors[{}]", rule.index),
-            source: Some(&rule.source),
-            target: &rule.target,
-        })
-        .chain(default_mirror.map(|registry| Mapping {
-            field: "defaultMirror".to_string(),
-            source: None,
-            target: registry,
-        }))
-        .collect();
-    for (i, inner) in mappings.iter().enumerate() {
-        for (j, outer) in mappings.iter().enumerate() {
-            if i == j {
-                continue;
-            }
-            let Some(suffix) = outer.target.strip_from(inner.target.as_str()) else {
-                continue;
-            };
-            // Equal targets are reported once, from the later entry.
-            if suffix.is_empty() && j > i {
-                continue;
-            }
-            let consistent = !suffix.is_empty()
-                && inner.source.map(Prefix::as_str) == Some(outer.source_of(suffix).as_str());
-            if consistent {
-                continue;
-            }
-            let rest = match inner.source {
-                Some(_) => "app".to_string(),
-                None => "docker.io/library/app".to_string(),
-            };
-            let shared = inner.target.join(&rest);
-            let via_inner = inner.source_of(&rest);
-            let via_outer = match suffix {
-                "" => outer.source_of(&rest),
-                suffix => outer.source_of(&Prefix::new(suffix.to_string()).join(&rest)),
-            };
-            let relation = if suffix.is_empty() {
-                format!("is also the target of {}", outer.field)
-            } else {
-                format!(
-                    "lies under {}'s target {:?}",
-                    outer.field,
-                    outer.target.as_str()
-                )
-            };
-            errors.push(format!(
-                "{}: {:?} {relation}, so two images would share one mirror image: {via_inner:?} (via {}) and {via_outer:?} (via {}) would both become {shared:?}; give each rule a target of its own that does not nest in another",
-                target_field(&inner.field),
-                inner.target.as_str(),
-                inner.field,
-                outer.field,
-            ));
-        }
-    }
-    for rule in rules {
-        if let Some(owner) = mappings.iter().find(|m| rule.source.is_within(m.target)) {
-            errors.push(format!(
-                "mirrors[{}].source: {:?} lies under {}'s target {:?}: its images count as already swapped, so the rule would never apply",
-                rule.index,
-                rule.source.as_str(),
-                owner.field,
-                owner.target.as_str()
-            ));
-        }
-    }
-}
-
-fn target_field(mapping: &str) -> String {
-    if mapping == "defaultMirror" {
-        "defaultMirror.registry".to_string()
-    } else {
-        format!("{mapping}.target")
-    }
-}
-
 impl Validatable for Settings {
     fn validate(&self) -> Result<(), String> {
         Policy::from_settings(self).map(|_| ())
@@ -295,78 +194,6 @@ pub fn parse_settings(json: &[u8]) -> Result<Settings, String> {
         };
         format!("{path}: {}", e.inner())
     })
-}
-
-/// `host[:port][/path]`: a registry host runtimes read as a host, and lower-case path segments.
-fn parse_prefix(field: &str, value: &str) -> Result<Prefix, String> {
-    let (host, path) = match value.split_once('/') {
-        Some((host, path)) => (host, Some(path)),
-        None => (value, None),
-    };
-    if value.is_empty() {
-        return Err(format!(
-            "{field}: the value is empty; write a registry host, e.g. \"mirror.example.com/dockerhub\""
-        ));
-    }
-    if value.contains(['@']) || path.is_some_and(|p| p.contains(':')) {
-        return Err(format!(
-            "{field}: {value:?} names an image; write a registry host and optional path, without tag or digest"
-        ));
-    }
-    if !is_domain(host) {
-        return Err(format!(
-            "{field}: {value:?}: {host:?} is not a valid registry host[:port]"
-        ));
-    }
-    if !looks_like_registry_host(host) {
-        return Err(format!(
-            "{field}: {value:?}: {host:?} is not a registry host (it needs a '.', a ':port' or to be localhost), so runtimes would read it as docker.io/{value}"
-        ));
-    }
-    // Runtimes keep a host as written, and images name hosts in lower case: a rule for
-    // "Quay.io" would match no image, and a target with capitals would never be recognised as
-    // the "quay.io" an image names.
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        return Err(format!(
-            "{field}: {value:?}: registry host {host:?} has upper-case letters, and image references are matched as written (in lower case): write {:?}",
-            value.replacen(host, &host.to_ascii_lowercase(), 1)
-        ));
-    }
-    if let Some(bad) = path
-        .into_iter()
-        .flat_map(|p| p.split('/'))
-        .find(|s| !is_path_component(s))
-    {
-        return Err(format!(
-            "{field}: {value:?}: path segment {bad:?} is not valid (lower-case letters, digits, and '.', '_', '-' between them)"
-        ));
-    }
-    let host = if host == "index.docker.io" {
-        reference::DOCKER_HUB
-    } else {
-        host
-    };
-    let prefix = match path {
-        Some(path) => format!("{host}/{path}"),
-        None => host.to_string(),
-    };
-    if prefix.len() >= reference::NAME_MAX_LEN {
-        return Err(format!(
-            "{field}: {value:?} is longer than a repository name may be"
-        ));
-    }
-    Ok(Prefix::new(prefix))
-}
-
-/// A Kubernetes Secret name: a DNS-1123 subdomain.
-fn is_secret_name(name: &str) -> bool {
-    name.len() <= 253
-        && name.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-            matches!((bytes.first(), bytes.last()), (Some(f), Some(l)) if alnum(f) && alnum(l))
-                && bytes.iter().all(|b| alnum(b) || *b == b'-')
-        })
 }
 
 #[cfg(test)]
@@ -612,123 +439,5 @@ mod tests {
     )]
     fn valid_settings_are_accepted(#[case] json: &str) {
         assert!(policy(json).is_ok(), "{:?}", policy(json).err());
-    }
-}
-
-/// The test the one-to-one rule stands for: over many images and every accepted settings
-/// below, no two distinct normalised source references are routed to one mirror reference.
-#[cfg(test)]
-mod one_to_one_tests {
-    use super::*;
-    use crate::reference::Reference;
-    use crate::rules::Route;
-    use std::collections::BTreeMap;
-
-    const ACCEPTED: &[&str] = &[
-        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/library"}]}"#,
-        r#"{"mirrors":[{"source":"docker.io","target":"m.io/cache/docker.io"},{"source":"quay.io/argoproj","target":"m.io/cache/quay.io/argoproj"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
-        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"quay.io","target":"m.io/quay"},{"source":"ghcr.io/org","target":"m.io/gh"}],"defaultMirror":{"registry":"cache.io/all"}}"#,
-    ];
-
-    fn images() -> Vec<String> {
-        let hosts = [
-            "docker.io",
-            "quay.io",
-            "ghcr.io",
-            "m.io",
-            "cache.io",
-            "registry.k8s.io",
-        ];
-        let paths = [
-            "app",
-            "library/app",
-            "official/app",
-            "argoproj/app",
-            "org/app",
-            "hub/app",
-            "quay/app",
-            "cache/docker.io/app",
-            "docker.io/app",
-            "quay.io/argoproj/app",
-            "docker.io/library/app",
-            "library/library/app",
-        ];
-        let mut images = Vec::new();
-        for host in hosts {
-            for path in paths {
-                images.push(format!("{host}/{path}:1"));
-            }
-        }
-        images
-    }
-
-    #[test]
-    fn accepted_settings_never_send_two_images_to_one_mirror_image() {
-        for settings in ACCEPTED {
-            let policy = Policy::from_settings(&parse_settings(settings.as_bytes()).expect("JSON"))
-                .unwrap_or_else(|e| panic!("{settings}: {e}"));
-            let mut seen: BTreeMap<String, String> = BTreeMap::new();
-            for image in images() {
-                let reference = Reference::parse(&image).expect("reference");
-                if let Route::Mirror(destination) = policy.router.route(&reference)
-                    && let Some(before) =
-                        seen.insert(destination.repository.clone(), reference.name().to_string())
-                    && before != reference.name()
-                {
-                    panic!(
-                        "{settings}: {before} and {} both go to {}",
-                        reference.name(),
-                        destination.repository
-                    );
-                }
-            }
-            assert!(
-                seen.len() > 10,
-                "{settings}: too few routed to prove anything"
-            );
-        }
-    }
-
-    /// The same images under settings the validation refuses: each does collide, so the
-    /// refusal is needed, not merely cautious.
-    #[test]
-    fn refused_settings_would_collide() {
-        for settings in [
-            r#"{"mirrors":[{"source":"docker.io","target":"mirror.example.com/hub"},{"source":"quay.io","target":"mirror.example.com/hub"}]}"#,
-            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/official"}]}"#,
-            r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache/docker.io"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
-        ] {
-            let parsed = parse_settings(settings.as_bytes()).expect("JSON");
-            assert!(Policy::from_settings(&parsed).is_err(), "{settings}");
-            // Route with the checks bypassed, to show the collision the check prevents.
-            let mut rules = Vec::new();
-            for (index, mirror) in parsed.mirrors.iter().enumerate() {
-                rules.push(Rule {
-                    index,
-                    source: Prefix::new(mirror.source.clone()),
-                    target: Prefix::new(mirror.target.clone()),
-                    pull_secret: None,
-                });
-            }
-            let default = parsed
-                .default_mirror
-                .as_ref()
-                .map(|d| Prefix::new(d.registry.clone()));
-            let router = Router::new(rules, default, Vec::new());
-            let mut seen: BTreeMap<String, String> = BTreeMap::new();
-            let collided = images().iter().any(|image| {
-                let reference = Reference::parse(image).expect("reference");
-                match router.route(&reference) {
-                    Route::Mirror(d) => seen
-                        .insert(d.repository, reference.name().to_string())
-                        .is_some_and(|before| before != reference.name()),
-                    _ => false,
-                }
-            });
-            assert!(
-                collided,
-                "{settings}: no collision found among the sample images"
-            );
-        }
     }
 }
