@@ -56,3 +56,19 @@ load helpers
 @test "two rules sharing one mirror repository are refused" {
   check_case overlapping-targets
 }
+
+@test "a re-applied digest original whose running image names another digest is decided afresh" {
+  check_case reapply-other-digest
+}
+
+@test "pods/ephemeralcontainers: only ephemeral containers are looked at" {
+  check_case ephemeral-containers-only
+}
+
+@test "an absent wording among other registry errors is a lookup error, not absent" {
+  check_case envelope-not-only-absent
+}
+
+@test "an exclude pattern spelled as the Pod writes the image is refused with the spelling that matches" {
+  check_case exclude-never-matching
+}

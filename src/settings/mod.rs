@@ -5,6 +5,7 @@
 //! settings arrive with every request. It is linear in the number of rules (quadratic only in
 //! the pairwise target check, over a handful of rules) and builds no regular expression.
 
+mod exclude;
 mod one_to_one;
 mod prefix;
 
@@ -15,6 +16,7 @@ use crate::glob::Glob;
 use crate::policy::{Fallback, Platform, Policy, SwapPolicy};
 use crate::rules::{Router, Rule};
 
+use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
 use prefix::{is_secret_name, parse_prefix};
 
@@ -132,10 +134,18 @@ impl Policy {
             .exclude
             .iter()
             .enumerate()
-            .filter_map(|(i, pattern)| {
-                Glob::new(pattern)
-                    .map_err(|e| errors.push(format!("exclude[{i}]: {pattern:?}: {e}")))
-                    .ok()
+            .filter_map(|(i, pattern)| match (Glob::new(pattern), matching_spelling(pattern)) {
+                (Err(e), _) => {
+                    errors.push(format!("exclude[{i}]: {pattern:?}: {e}"));
+                    None
+                }
+                (Ok(_), Some(spelling)) => {
+                    errors.push(format!(
+                        "exclude[{i}]: {pattern:?} can never match: patterns are matched against the normalised reference (registry host, repository, then :tag or @digest, e.g. \"docker.io/library/nginx:1.27\"); write {spelling:?}"
+                    ));
+                    None
+                }
+                (Ok(glob), None) => Some(glob),
             })
             .collect();
         let platforms = settings
@@ -329,12 +339,16 @@ mod tests {
         "defaultMirror.registry: \"cache\": \"cache\" is not a registry host"
     )]
     #[case::bad_glob(
-        r#"{"defaultMirror":{"registry":"m.io"},"exclude":["ok:*","pause:[0-9]"]}"#,
-        "exclude[1]: \"pause:[0-9]\": '[' is not supported, use"
+        r#"{"defaultMirror":{"registry":"m.io"},"exclude":["*/ok:*","*/pause:[0-9]"]}"#,
+        "exclude[1]: \"*/pause:[0-9]\": '[' is not supported, use"
     )]
     #[case::empty_glob(
         r#"{"defaultMirror":{"registry":"m.io"},"exclude":[""]}"#,
         "exclude[0]: \"\": a pattern cannot be empty"
+    )]
+    #[case::exclude_as_the_pod_spells_it(
+        r#"{"defaultMirror":{"registry":"m.io"},"exclude":["registry.k8s.io/pause:*","bitnami/*"]}"#,
+        "exclude[1]: \"bitnami/*\" can never match: patterns are matched against the normalised reference (registry host, repository, then :tag or @digest, e.g. \"docker.io/library/nginx:1.27\"); write \"docker.io/bitnami/*\""
     )]
     #[case::bad_platform(
         r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"platforms":["linux/amd64","arm64"]}"#,
