@@ -72,3 +72,7 @@ load helpers
 @test "an exclude pattern spelled as the Pod writes the image is refused with the spelling that matches" {
   check_case exclude-never-matching
 }
+
+@test "two spellings of one mirror registry (default port) are refused as one target" {
+  check_case targets-one-registry-two-spellings
+}

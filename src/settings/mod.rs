@@ -18,7 +18,7 @@ use crate::rules::{Router, Rule};
 
 use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
-use prefix::{is_secret_name, parse_prefix};
+use prefix::{is_bare_docker_hub, is_secret_name, parse_prefix};
 
 /// The default of `lookupBudgetMilliseconds`: policy-server's default evaluation timeout is 2 s,
 /// counted in one-second ticks, so an evaluation may be interrupted after only 1 s; 800 ms of
@@ -92,6 +92,15 @@ impl Policy {
                 errors.push(format!(
                     "{}: {secret:?} is not a valid Secret name (lower-case letters, digits, '-' and '.', at most 253 characters)",
                     field("pullSecret")
+                ));
+            }
+            if target.as_ref().is_some_and(is_bare_docker_hub) {
+                errors.push(format!(
+                    "{}: {:?} is Docker Hub without a path: runtimes read a one-segment name there as library/<name>, so \"{}/app\" and \"{}/library/app\" would both become \"docker.io/library/app\"; write a Docker Hub namespace, e.g. \"docker.io/myorg\"",
+                    field("target"),
+                    mirror.target,
+                    mirror.source,
+                    mirror.source,
                 ));
             }
             if let (Some(source), Some(target)) = (source, target) {
@@ -377,6 +386,22 @@ mod tests {
     #[case::default_mirror_nested_in_a_rule_target(
         r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache"}],"defaultMirror":{"registry":"m.io/cache/all"}}"#,
         "defaultMirror.registry: \"m.io/cache/all\" lies under mirrors[0]'s target \"m.io/cache\""
+    )]
+    #[case::one_registry_spelled_with_its_default_port(
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"quay.io","target":"m.io:443/hub"}]}"#,
+        "mirrors[1].target: \"m.io:443/hub\" is also the target of mirrors[0], so two images would share one mirror image: \"quay.io/app\" (via mirrors[1]) and \"docker.io/app\" (via mirrors[0]) would both become \"m.io:443/hub/app\""
+    )]
+    #[case::docker_hub_under_another_name(
+        r#"{"mirrors":[{"source":"quay.io","target":"registry-1.docker.io/org"},{"source":"ghcr.io","target":"docker.io/org/ghcr"}]}"#,
+        "mirrors[1].target: \"docker.io/org/ghcr\" lies under mirrors[0]'s target \"registry-1.docker.io/org\""
+    )]
+    #[case::bare_docker_hub_target(
+        r#"{"mirrors":[{"source":"quay.io","target":"docker.io"}]}"#,
+        "mirrors[0].target: \"docker.io\" is Docker Hub without a path: runtimes read a one-segment name there as library/<name>, so \"quay.io/app\" and \"quay.io/library/app\" would both become \"docker.io/library/app\""
+    )]
+    #[case::bare_docker_hub_alias_target(
+        r#"{"mirrors":[{"source":"quay.io","target":"registry-1.docker.io"}]}"#,
+        "mirrors[0].target: \"registry-1.docker.io\" is Docker Hub without a path"
     )]
     #[case::rule_target_nested_in_default_mirror(
         r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache/dockerhub"}],"defaultMirror":{"registry":"m.io/cache"}}"#,

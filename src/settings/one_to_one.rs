@@ -3,12 +3,17 @@
 
 use crate::rules::{Prefix, Rule};
 
+use super::prefix::resolved;
+
 /// One way into the mirror, for the one-to-one check: a rule, or `defaultMirror`, whose
 /// source is every name (`<registry>/<name>`).
 struct Mapping<'r> {
     field: String,
     source: Option<&'r Prefix>,
+    /// As written, for messages.
     target: &'r Prefix,
+    /// As the runtime resolves it, for comparisons: `m.io:443/hub` is `m.io/hub`.
+    resolved: Prefix,
 }
 
 impl Mapping<'_> {
@@ -40,11 +45,13 @@ pub(super) fn check_one_to_one(
             field: format!("mirrors[{}]", rule.index),
             source: Some(&rule.source),
             target: &rule.target,
+            resolved: resolved(&rule.target),
         })
         .chain(default_mirror.map(|registry| Mapping {
             field: "defaultMirror".to_string(),
             source: None,
             target: registry,
+            resolved: resolved(registry),
         }))
         .collect();
     for (i, inner) in mappings.iter().enumerate() {
@@ -52,7 +59,7 @@ pub(super) fn check_one_to_one(
             if i == j {
                 continue;
             }
-            let Some(suffix) = outer.target.strip_from(inner.target.as_str()) else {
+            let Some(suffix) = outer.resolved.strip_from(inner.resolved.as_str()) else {
                 continue;
             };
             // Equal targets are reported once, from the later entry.
@@ -93,7 +100,7 @@ pub(super) fn check_one_to_one(
         }
     }
     for rule in rules {
-        if let Some(owner) = mappings.iter().find(|m| rule.source.is_within(m.target)) {
+        if let Some(owner) = mappings.iter().find(|m| rule.source.is_within(&m.resolved)) {
             errors.push(format!(
                 "mirrors[{}].source: {:?} lies under {}'s target {:?}: its images count as already swapped, so the rule would never apply",
                 rule.index,

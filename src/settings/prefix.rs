@@ -4,6 +4,9 @@
 use crate::reference::{self, is_domain, is_path_component, looks_like_registry_host};
 use crate::rules::Prefix;
 
+/// Docker Hub's other names for its registry.
+const DOCKER_HUB_ALIASES: [&str; 2] = ["index.docker.io", "registry-1.docker.io"];
+
 /// `host[:port][/path]`: a registry host runtimes read as a host, and lower-case path segments.
 pub(super) fn parse_prefix(field: &str, value: &str) -> Result<Prefix, String> {
     let (host, path) = match value.split_once('/') {
@@ -74,4 +77,56 @@ pub(super) fn is_secret_name(name: &str) -> bool {
             matches!((bytes.first(), bytes.last()), (Some(f), Some(l)) if alnum(f) && alnum(l))
                 && bytes.iter().all(|b| alnum(b) || *b == b'-')
         })
+}
+
+/// `prefix` as a container runtime resolves it, for comparing targets: the default ports (`:443`
+/// for HTTPS, `:80` for a plain-HTTP registry) dropped and Docker Hub's names made one, so that
+/// two spellings of one registry compare equal. Messages keep the spelling the operator wrote.
+pub(super) fn resolved(prefix: &Prefix) -> Prefix {
+    let (host, path) = match prefix.as_str().split_once('/') {
+        Some((host, path)) => (host, Some(path)),
+        None => (prefix.as_str(), None),
+    };
+    let host = host
+        .strip_suffix(":443")
+        .or_else(|| host.strip_suffix(":80"))
+        .unwrap_or(host);
+    let host = if DOCKER_HUB_ALIASES.contains(&host) {
+        reference::DOCKER_HUB
+    } else {
+        host
+    };
+    Prefix::new(match path {
+        Some(path) => format!("{host}/{path}"),
+        None => host.to_string(),
+    })
+}
+
+/// Whether a target is Docker Hub itself, without a path: runtimes read a one-segment name
+/// there as `library/<name>`, so `<source>/app` and `<source>/library/app` would meet.
+pub(super) fn is_bare_docker_hub(target: &Prefix) -> bool {
+    resolved(target).as_str() == reference::DOCKER_HUB
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case::https_port("m.io:443/hub", "m.io/hub")]
+    #[case::http_port("m.io:80", "m.io")]
+    #[case::other_port("m.io:5000/hub", "m.io:5000/hub")]
+    #[case::docker_hub_alias("registry-1.docker.io/org", "docker.io/org")]
+    #[case::docker_hub_alias_with_port("index.docker.io:443/org", "docker.io/org")]
+    #[case::as_written("quay.io/org", "quay.io/org")]
+    fn targets_compare_as_the_runtime_resolves_them(
+        #[case] written: &str,
+        #[case] resolved_as: &str,
+    ) {
+        assert_eq!(
+            resolved(&Prefix::new(written.to_string())).as_str(),
+            resolved_as
+        );
+    }
 }
