@@ -10,7 +10,7 @@
 use kubewarden_policy_sdk::Error;
 use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
 
-use crate::registry::{IndexEntry, LookupError, Manifest, Registry};
+use crate::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry};
 use crate::text::truncated;
 
 /// How registries word "no such manifest or repository" in the `message` of their error
@@ -193,9 +193,15 @@ impl Registry for KubewardenHost {
 
     fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
         match oci::get_manifest(image) {
-            Ok(OciManifestResponse::Image(manifest)) => Ok(Manifest::Image {
+            Ok(OciManifestResponse::Image(manifest)) => Ok(Manifest::Image(ImageManifest {
                 config_digest: manifest.config().digest().to_string(),
-            }),
+                layers: manifest
+                    .layers()
+                    .iter()
+                    .map(|layer| layer.digest().to_string())
+                    .collect(),
+                artifact_type: manifest.artifact_type().as_ref().map(ToString::to_string),
+            })),
             Ok(OciManifestResponse::ImageIndex(index)) => Ok(Manifest::Index {
                 entries: index
                     .manifests()

@@ -12,15 +12,54 @@ pub trait Registry {
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError>;
     /// The manifest or index itself (`v1/oci_manifest`), for `verifySource`.
     fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError>;
+    /// Whether the lookups of `images`, made in that order, are likely to end within the
+    /// admission's lookup budget; asked before a decision starts a sequence of lookups, so that
+    /// none is spent on a decision the budget would then cut short. Without a budget, always.
+    fn affordable(&mut self, _images: &[&str]) -> bool {
+        true
+    }
+}
+
+/// The registry host of a fully qualified image reference: what a lookup's cost depends on.
+pub fn registry_host(image: &str) -> &str {
+    image.split_once('/').map_or(image, |(host, _)| host)
 }
 
 /// What `verifySource` needs of a manifest: the content it names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Manifest {
-    /// A single-platform image, named by its config digest.
-    Image { config_digest: String },
+    /// A single-platform image or an artifact: its config, and for artifacts its layers.
+    Image(ImageManifest),
     /// A multi-platform index.
     Index { entries: Vec<IndexEntry> },
+}
+
+/// The digest of OCI's empty config (`{}`), which artifacts use when they have no config.
+pub const EMPTY_CONFIG_DIGEST: &str =
+    "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a";
+
+/// A single manifest, as far as its content goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageManifest {
+    pub config_digest: String,
+    /// The layer digests, in order.
+    pub layers: Vec<String>,
+    /// Set on OCI artifacts (Helm charts, signatures, SBOMs).
+    pub artifact_type: Option<String>,
+}
+
+impl ImageManifest {
+    /// Whether two manifests name the same content. An image's content is its config (which
+    /// names the uncompressed layers, so a copy that recompresses them still compares equal).
+    /// An artifact's config says nothing of its content (they share the empty config), so
+    /// artifacts are the same only with the same config and the same layers.
+    pub fn same_content(&self, other: &ImageManifest) -> bool {
+        let artifact =
+            |m: &ImageManifest| m.artifact_type.is_some() || m.config_digest == EMPTY_CONFIG_DIGEST;
+        self.config_digest == other.config_digest
+            && self.artifact_type == other.artifact_type
+            && (!(artifact(self) || artifact(other)) || self.layers == other.layers)
+    }
 }
 
 /// One entry of an index: a manifest digest and the whole platform it is for.
@@ -58,6 +97,16 @@ impl IndexEntry {
             text.push_str(&self.os_features.join(","));
         }
         text
+    }
+
+    /// Whether `other` is listed for the very same platform: os, architecture, variant,
+    /// `os.version` and `os.features`.
+    pub fn same_platform(&self, other: &IndexEntry) -> bool {
+        self.os == other.os
+            && self.architecture == other.architecture
+            && self.variant == other.variant
+            && self.os_version == other.os_version
+            && self.os_features == other.os_features
     }
 
     pub fn selected_by(&self, platform: &Platform) -> bool {

@@ -3,7 +3,7 @@
 mod rig;
 
 use rig::hosts::LiveHost;
-use rig::images::{Image, Index};
+use rig::images::{Artifact, Image, Index};
 use rig::registry::TestRegistry;
 use rig::{Response, pod_request, shared, validate};
 use serde_json::json;
@@ -189,4 +189,50 @@ fn lookups_are_the_documented_ones() {
             format!("OciManifest {mirror}/up/{REPOSITORY}@{old}"),
         ]
     );
+}
+
+/// OCI artifacts all share the empty config: "same config" says nothing of their content, so
+/// an artifact whose layers differ from the source's is a stale copy.
+#[test]
+fn an_artifact_with_other_layers_is_stale_though_its_config_is_the_same() {
+    let r = Registries::start("artifact");
+    let old = Artifact::new("chart 1.0").push(&r.mirror, &r.mirror_repository(), "1");
+    let new = Artifact::new("chart 1.1").push(&r.upstream, REPOSITORY, "1");
+    let (response, lookups) = r.admit(&[]);
+    assert!(kept(&response), "{response:?}");
+    assert!(
+        response.warned("stale: the tag now names other content upstream")
+            && response.warned(&old)
+            && response.warned(&new),
+        "{:?}",
+        response.warnings
+    );
+    assert_eq!(lookups.len(), 4, "{lookups:?}");
+}
+
+/// A mirror index that lists the source's manifests under other platforms holds none of them
+/// for the platform a node would pull.
+#[test]
+fn an_index_that_lists_the_manifests_under_other_platforms_is_stale() {
+    let r = Registries::start("crossed");
+    let amd64 = Image::new("app", "linux/amd64");
+    let arm64 = Image::new("app", "linux/arm64");
+    Index::new(vec![amd64.clone(), arm64.clone()]).push(&r.upstream, REPOSITORY, "1");
+    let mut amd64_listed_as_arm64 = amd64;
+    amd64_listed_as_arm64.architecture = "arm64".to_string();
+    let mut arm64_listed_as_amd64 = arm64;
+    arm64_listed_as_amd64.architecture = "amd64".to_string();
+    Index::new(vec![arm64_listed_as_amd64, amd64_listed_as_arm64]).push(
+        &r.mirror,
+        &r.mirror_repository(),
+        "1",
+    );
+    let (response, lookups) = r.admit(&[]);
+    assert!(kept(&response), "{response:?}");
+    assert!(
+        response.warned("stale: it lacks the source's manifest for linux/amd64, linux/arm64"),
+        "{:?}",
+        response.warnings
+    );
+    assert_eq!(lookups.len(), 4, "{lookups:?}");
 }

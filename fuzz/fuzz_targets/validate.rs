@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use image_swapper_policy::budget::Clock;
-use image_swapper_policy::registry::{IndexEntry, LookupError, Manifest, Registry};
+use image_swapper_policy::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry};
 use image_swapper_policy::pod::{Verdict, admit};
 use image_swapper_policy::policy::{Policy, SwapPolicy};
 use image_swapper_policy::settings::Settings;
@@ -67,9 +67,11 @@ impl Registry for FuzzRegistry<'_> {
         let byte = self.next();
         let digest = format!("sha256:{:064x}", byte / 5);
         match byte % 4 {
-            0 => Ok(Manifest::Image {
-                config_digest: digest,
-            }),
+            0 => Ok(Manifest::Image(ImageManifest {
+                config_digest: digest.clone(),
+                layers: vec![digest],
+                artifact_type: (byte % 3 == 0).then(|| "application/vnd.example".to_string()),
+            })),
             1 => Ok(Manifest::Index {
                 entries: vec![IndexEntry {
                     digest,

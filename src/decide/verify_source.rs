@@ -25,7 +25,9 @@ pub(super) enum SourceCheck {
 }
 
 /// Compares the mirror's copy (`mirror` = repository@digest) with the source tag, with as few
-/// lookups as the case allows: one when the digests are equal, three when they are not.
+/// lookups as the case allows: one when the digests are equal, three when they are not. Each
+/// step starts only when the lookups left are likely to fit in the budget, so that none is
+/// spent on a comparison the budget would then cut short.
 pub(super) fn check_source(
     source: &Reference,
     mirror: &str,
@@ -34,6 +36,9 @@ pub(super) fn check_source(
     registry: &mut impl Registry,
 ) -> SourceCheck {
     let source_tag = source.as_str();
+    if !registry.affordable(&[source_tag, source_tag, mirror]) {
+        return SourceCheck::OverBudget;
+    }
     let source_digest = match verified_digest(registry, source_tag) {
         Ok(digest) => digest,
         Err(LookupError::OverBudget) => return SourceCheck::OverBudget,
@@ -45,30 +50,28 @@ pub(super) fn check_source(
         return SourceCheck::Same;
     }
     let digests = format!("source {source_digest}, mirror {mirror_digest}");
-    let source_manifest = registry.manifest(&format!("{}@{source_digest}", source.name()));
-    if source_manifest == Err(LookupError::OverBudget) {
+    if !registry.affordable(&[source_tag, mirror]) {
         return SourceCheck::OverBudget;
     }
-    let mirror_manifest = registry.manifest(mirror);
-    let (source_manifest, mirror_manifest) = match (source_manifest, mirror_manifest) {
-        (Ok(s), Ok(m)) => (s, m),
-        (_, Err(LookupError::OverBudget)) => return SourceCheck::OverBudget,
-        (Err(LookupError::Absent(why) | LookupError::Failed(why)), _)
-        | (_, Err(LookupError::Absent(why) | LookupError::Failed(why))) => {
+    // The mirror's manifest is fetched only once the source's is in hand: without it there is
+    // nothing to compare it with.
+    let source_manifest = match registry.manifest(&format!("{}@{source_digest}", source.name())) {
+        Ok(manifest) => manifest,
+        Err(LookupError::OverBudget) => return SourceCheck::OverBudget,
+        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
             return SourceCheck::Failed(format!("{digests}: {why}"));
         }
-        (Err(LookupError::OverBudget), _) => return SourceCheck::OverBudget,
+    };
+    let mirror_manifest = match registry.manifest(mirror) {
+        Ok(manifest) => manifest,
+        Err(LookupError::OverBudget) => return SourceCheck::OverBudget,
+        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+            return SourceCheck::Failed(format!("{digests}: {why}"));
+        }
     };
     match (&source_manifest, &mirror_manifest) {
-        (
-            Manifest::Image {
-                config_digest: source_config,
-            },
-            Manifest::Image {
-                config_digest: mirror_config,
-            },
-        ) => {
-            if source_config == mirror_config {
+        (Manifest::Image(source), Manifest::Image(mirror)) => {
+            if source.same_content(mirror) {
                 SourceCheck::Same
             } else {
                 SourceCheck::Stale(format!(
@@ -79,7 +82,7 @@ pub(super) fn check_source(
         (Manifest::Index { entries }, mirror_manifest) => {
             compare_index(entries, mirror_manifest, mirror_digest, platforms, &digests)
         }
-        (Manifest::Image { .. }, Manifest::Index { .. }) => SourceCheck::Stale(format!(
+        (Manifest::Image(_), Manifest::Index { .. }) => SourceCheck::Stale(format!(
             "the source is now a single-platform image, the mirror an index ({digests})"
         )),
     }
@@ -113,7 +116,7 @@ fn compare_index(
     }
     let not_mirrored: Vec<String> = selected
         .iter()
-        .filter(|entry| !mirror_holds(mirror, mirror_digest, &entry.digest))
+        .filter(|entry| !mirror_holds(mirror, mirror_digest, entry))
         .map(|entry| entry.describe())
         .collect();
     let mut reasons = Vec::new();
@@ -136,12 +139,15 @@ fn compare_index(
     }
 }
 
-/// Whether the mirror holds the very manifest `digest`: as its single manifest, or listed in
-/// its own index.
-fn mirror_holds(mirror: &Manifest, mirror_digest: &str, digest: &str) -> bool {
+/// Whether the mirror holds the very manifest of the source's `entry`: as its single manifest,
+/// or listed in its own index under the same platform (a manifest listed under another
+/// platform is not what a node of that platform would pull).
+fn mirror_holds(mirror: &Manifest, mirror_digest: &str, entry: &IndexEntry) -> bool {
     match mirror {
-        Manifest::Image { .. } => digest == mirror_digest,
-        Manifest::Index { entries } => entries.iter().any(|e| e.digest == digest),
+        Manifest::Image(_) => entry.digest == mirror_digest,
+        Manifest::Index { entries } => entries
+            .iter()
+            .any(|held| held.digest == entry.digest && held.same_platform(entry)),
     }
 }
 
@@ -150,6 +156,7 @@ mod tests {
     use super::super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
     use super::super::*;
     use super::*;
+    use crate::registry::{EMPTY_CONFIG_DIGEST, ImageManifest};
     use rstest::rstest;
 
     const MIRROR_TAG: &str = "m.io/hub/library/app:1";
@@ -166,9 +173,19 @@ mod tests {
     }
 
     fn image(config: &str) -> Manifest {
-        Manifest::Image {
+        Manifest::Image(ImageManifest {
             config_digest: config.to_string(),
-        }
+            ..ImageManifest::default()
+        })
+    }
+
+    /// An OCI artifact: the empty config, content in its layers.
+    fn artifact(layer: &str) -> Manifest {
+        Manifest::Image(ImageManifest {
+            config_digest: EMPTY_CONFIG_DIGEST.to_string(),
+            layers: vec![layer.to_string()],
+            artifact_type: Some("application/vnd.example.chart".to_string()),
+        })
     }
 
     fn entry(digest: &str, platform: &str) -> IndexEntry {
@@ -330,10 +347,41 @@ mod tests {
         &format!("swap m.io/hub/library/app:1@{DIGEST_B} warning image \"docker.io/library/app:1\": swapped to the mirror without comparing it with the source, which could not be looked up (\"docker.io/library/app:1\": error sending request)"),
         2
     )]
-    #[case::manifests_unreadable(
+    #[case::source_manifest_unreadable_needs_no_mirror_manifest(
         "",
         registry(DIGEST_B, Ok(DIGEST_A)),
         "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": could not compare it with the source (source sha256:aaaa",
+        3
+    )]
+    #[case::artifacts_with_other_layers_are_other_content(
+        "",
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            artifact(DIGEST_C),
+            DIGEST_B,
+            artifact(DIGEST_D)
+        ),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: the tag now names other content upstream",
+        4
+    )]
+    #[case::artifacts_with_the_same_layers_are_the_same_content(
+        "",
+        with_manifests(
+            registry(DIGEST_B, Ok(DIGEST_A)),
+            DIGEST_A,
+            artifact(DIGEST_C),
+            DIGEST_B,
+            artifact(DIGEST_C)
+        ),
+        "swap m.io/hub/library/app:1@sha256:bbbb",
+        4
+    )]
+    #[case::index_copy_lists_the_manifest_under_another_platform(
+        r#","platforms":["linux/arm64"]"#,
+        with_manifests(registry(DIGEST_A, Ok(DIGEST_B)), DIGEST_B, source_index(), DIGEST_A,
+            Manifest::Index { entries: vec![entry(DIGEST_D, "linux/amd64"), entry(DIGEST_C, "linux/arm64/v8")] }),
+        "keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": the mirror copy is stale: it lacks the source's manifest for linux/arm64/v8",
         4
     )]
     #[case::mirror_missing_needs_no_source_lookup(

@@ -150,3 +150,40 @@ pub fn push_apps(registry: &TestRegistry, prefix: &str, n: usize) {
         );
     }
 }
+
+/// An OCI artifact (a Helm chart, a signature): the empty config, its content in one layer, and
+/// an `artifactType`. Every such artifact shares one config digest.
+pub struct Artifact {
+    pub layer: Vec<u8>,
+    pub manifest: Vec<u8>,
+}
+
+/// OCI's empty config, `{}`.
+pub const EMPTY_CONFIG: &[u8] = b"{}";
+
+impl Artifact {
+    pub fn new(content: &str) -> Artifact {
+        let layer = format!("artifact {content}").into_bytes();
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "artifactType": "application/vnd.example.chart.v1",
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": sha256(EMPTY_CONFIG), "size": EMPTY_CONFIG.len()},
+            "layers": [{"mediaType": "application/vnd.example.chart.content.v1.tar+gzip", "digest": sha256(&layer), "size": layer.len()}],
+        }))
+        .expect("manifest JSON");
+        Artifact { layer, manifest }
+    }
+
+    pub fn push(&self, registry: &TestRegistry, repository: &str, tag: &str) -> String {
+        registry
+            .push_blob(repository, EMPTY_CONFIG)
+            .expect("push config");
+        registry
+            .push_blob(repository, &self.layer)
+            .expect("push layer");
+        registry
+            .push_manifest(repository, tag, OCI_MANIFEST, &self.manifest)
+            .expect("push manifest")
+    }
+}
