@@ -3,14 +3,26 @@
 //! lookups that would likely end past `lookupBudgetMilliseconds`, and the images it did not look
 //! up follow `onLookupError` instead.
 //!
-//! "Likely" is measured, not guessed: a lookup is started only when the time spent so far plus
-//! the slowest lookup of this admission fits in the budget. The time is the wall clock around
-//! each host call, so it includes the wait for the host's lock while other admissions' lookups
-//! run (policy-server serialises them), which the evaluation timeout counts too.
+//! "Likely" is measured, not guessed: a lookup is started only when the time the evaluation has
+//! run plus the lookup's prediction fits in the budget. A lookup is predicted from its own
+//! registry: the slowest lookup of this admission on that registry host, since a mirror next
+//! door and a registry behind a token server on another continent differ tenfold. A registry
+//! not yet asked is predicted at the slowest lookup so far on any registry, and at no less than
+//! a quarter of the budget (200 ms by default, four round trips to a registry 50 ms away): small
+//! enough that `verifySource` can plan an image's first sequence (the mirror, then the source
+//! twice and the mirror again) before any registry has been timed, large enough that a distant
+//! registry is not started at the end of the budget on a near one's timing. The admission asks
+//! the first image of each registry first (`pod`), so that this floor is needed only while the
+//! budget is fresh.
+//!
+//! The time is the wall clock around each host call, so it includes the wait for the host's
+//! lock while other admissions' lookups run (policy-server serialises them), which the
+//! evaluation timeout counts too.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::registry::{LookupError, Manifest, Registry};
+use crate::registry::{LookupError, Manifest, Registry, registry_host};
 
 /// A monotonic clock; the module's own in the policy, a hand-moved one in unit tests.
 pub trait Clock {
@@ -38,17 +50,24 @@ impl Clock for MonotonicClock {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BudgetReport {
     pub limit: Duration,
-    /// From the budget's start to the end of the last lookup made.
-    pub spent: Duration,
+    /// How long the evaluation had run at the last lookup's end or the last refusal.
+    pub elapsed: Duration,
+    /// The lookups' own time, added up.
+    pub lookup_time: Duration,
     pub lookups: usize,
     pub slowest: Duration,
-    /// Lookups not started because they would likely have ended past the limit.
+    /// Lookups, or sequences of lookups, not started because they would likely have ended
+    /// past the limit.
     pub refused: usize,
 }
 
 impl BudgetReport {
-    pub fn spent_ms(&self) -> u64 {
-        whole_ms(self.spent)
+    pub fn elapsed_ms(&self) -> u64 {
+        whole_ms(self.elapsed)
+    }
+
+    pub fn lookup_ms(&self) -> u64 {
+        whole_ms(self.lookup_time)
     }
 
     pub fn limit_ms(&self) -> u64 {
@@ -66,6 +85,10 @@ fn whole_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The least a lookup on a registry not yet asked is predicted to take, as a share of the
+/// budget (see the module's documentation).
+const UNASKED_REGISTRY_SHARE: u32 = 4;
+
 /// A [`Registry`] that asks `inner` only while the budget allows, and says
 /// [`LookupError::OverBudget`] otherwise.
 ///
@@ -75,6 +98,8 @@ pub struct Budgeted<'r, R, C> {
     inner: &'r mut R,
     clock: &'r C,
     report: BudgetReport,
+    /// The slowest lookup so far on each registry host.
+    slowest_by_host: BTreeMap<String, Duration>,
 }
 
 impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
@@ -86,6 +111,7 @@ impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
                 limit,
                 ..BudgetReport::default()
             },
+            slowest_by_host: BTreeMap::new(),
         }
     }
 
@@ -93,37 +119,73 @@ impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
         self.report
     }
 
-    fn elapsed(&self) -> Duration {
-        self.clock.now()
+    /// What a lookup on `host` will likely take.
+    fn predicted(&self, host: &str) -> Duration {
+        match self.slowest_by_host.get(host) {
+            Some(slowest) => *slowest,
+            None => self
+                .report
+                .slowest
+                .max(self.report.limit / UNASKED_REGISTRY_SHARE),
+        }
+    }
+
+    /// Whether lookups of `images`, in that order, would likely all end within the budget. The
+    /// first lookup of an admission is predicted to take no time: with nothing measured there
+    /// is nothing to predict from, and an admission that looks nothing up swaps nothing.
+    fn fits(&mut self, images: &[&str]) -> bool {
+        let now = self.clock.now();
+        let first_of_admission = usize::from(self.report.lookups == 0);
+        let predicted: Duration = images
+            .iter()
+            .skip(first_of_admission)
+            .map(|image| self.predicted(registry_host(image)))
+            .sum();
+        let fits = now + predicted <= self.report.limit;
+        if !fits {
+            self.report.refused += 1;
+            self.report.elapsed = self.report.elapsed.max(now);
+        }
+        fits
     }
 
     fn guarded<T>(
         &mut self,
+        image: &str,
         lookup: impl FnOnce(&mut R) -> Result<T, LookupError>,
     ) -> Result<T, LookupError> {
-        let before = self.elapsed();
-        // The first lookup always starts: with nothing measured yet there is nothing to
-        // predict from, and an admission that looks nothing up swaps nothing.
-        if before + self.report.slowest > self.report.limit {
-            self.report.refused += 1;
+        if !self.fits(&[image]) {
             return Err(LookupError::OverBudget);
         }
+        let before = self.clock.now();
         let answer = lookup(self.inner);
-        let after = self.elapsed();
-        self.report.lookups += 1;
-        self.report.slowest = self.report.slowest.max(after.saturating_sub(before));
-        self.report.spent = after;
+        let after = self.clock.now();
+        let took = after.saturating_sub(before);
+        let report = &mut self.report;
+        report.lookups += 1;
+        report.lookup_time += took;
+        report.slowest = report.slowest.max(took);
+        report.elapsed = report.elapsed.max(after);
+        let host = self
+            .slowest_by_host
+            .entry(registry_host(image).to_string())
+            .or_default();
+        *host = (*host).max(took);
         answer
     }
 }
 
 impl<R: Registry, C: Clock> Registry for Budgeted<'_, R, C> {
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
-        self.guarded(|inner| inner.manifest_digest(image))
+        self.guarded(image, |inner| inner.manifest_digest(image))
     }
 
     fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
-        self.guarded(|inner| inner.manifest(image))
+        self.guarded(image, |inner| inner.manifest(image))
+    }
+
+    fn affordable(&mut self, images: &[&str]) -> bool {
+        self.fits(images)
     }
 }
 
@@ -209,7 +271,7 @@ pub mod tests {
         assert_eq!(made, 2);
         assert_eq!(report.lookups, 2);
         assert_eq!(report.refused, 8);
-        assert_eq!(report.spent, Duration::from_millis(600));
+        assert_eq!(report.elapsed, Duration::from_millis(600));
         assert_eq!(report.slowest, Duration::from_millis(300));
     }
 
@@ -223,7 +285,7 @@ pub mod tests {
     fn a_first_lookup_longer_than_the_budget_is_made_and_nothing_after_it() {
         let (made, report) = run(800, &[1_500, 1], 5);
         assert_eq!(made, 1);
-        assert_eq!(report.spent, Duration::from_millis(1_500));
+        assert_eq!(report.elapsed, Duration::from_millis(1_500));
         assert_eq!(report.refused, 4);
     }
 
@@ -234,7 +296,7 @@ pub mod tests {
         // (100) it would have been started.
         let (made, report) = run(800, &[100, 300, 100, 100], 10);
         assert_eq!(made, 4);
-        assert_eq!(report.spent, Duration::from_millis(600));
+        assert_eq!(report.elapsed, Duration::from_millis(600));
         assert_eq!(report.slowest, Duration::from_millis(300));
     }
 
@@ -245,12 +307,123 @@ pub mod tests {
         assert_eq!(report.refused, 0);
     }
 
+    /// Answers every lookup after the latency of its registry host (the image's first segment).
+    struct Hosts {
+        clock: FakeClock,
+        latency_ms: BTreeMap<&'static str, u64>,
+        /// Each lookup made: its host and the time it ended.
+        ended: Vec<(String, Duration)>,
+    }
+
+    impl Hosts {
+        fn new(clock: &FakeClock, latency_ms: &[(&'static str, u64)]) -> Hosts {
+            Hosts {
+                clock: clock.clone(),
+                latency_ms: latency_ms.iter().copied().collect(),
+                ended: Vec::new(),
+            }
+        }
+    }
+
+    impl Registry for Hosts {
+        fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+            let host = registry_host(image);
+            let ms = self.latency_ms.get(host).copied().unwrap_or(0);
+            self.clock.advance(Duration::from_millis(ms));
+            self.ended.push((host.to_string(), self.clock.now()));
+            Ok("sha256:x".to_string())
+        }
+
+        fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+            self.manifest_digest(image)
+                .and(Err(LookupError::Failed("not used".to_string())))
+        }
+    }
+
+    /// Asks `images` in order under an 800 ms budget; the hosts of the lookups made.
+    fn asked(latency_ms: &[(&'static str, u64)], images: &[&str]) -> Vec<String> {
+        let clock = FakeClock::default();
+        let mut hosts = Hosts::new(&clock, latency_ms);
+        let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
+        for image in images {
+            let _ = budgeted.manifest_digest(image);
+        }
+        hosts.ended.into_iter().map(|(host, _)| host).collect()
+    }
+
+    #[test]
+    fn a_registry_not_yet_asked_is_predicted_at_a_quarter_of_the_budget_at_least() {
+        // Near lookups of 100 ms end at 100 … 600: the far registry, predicted at 200 ms
+        // (not at the near one's 100 ms), still fits at 600 but no longer at 700.
+        let six = ["near.io/a"; 6];
+        let mut images = six.to_vec();
+        images.push("far.io/a");
+        let made = asked(&[("near.io", 100), ("far.io", 150)], &images);
+        assert_eq!(made.last().map(String::as_str), Some("far.io"));
+        let mut images = ["near.io/a"; 7].to_vec();
+        images.push("far.io/a");
+        let made = asked(&[("near.io", 100), ("far.io", 150)], &images);
+        assert_eq!(made.len(), 7, "{made:?}");
+    }
+
+    #[test]
+    fn a_registry_not_yet_asked_is_predicted_at_the_slowest_lookup_on_any_registry() {
+        // The far registry first (405 ms): the near one, never asked, is predicted at 405 ms.
+        let made = asked(
+            &[("near.io", 85), ("far.io", 405)],
+            &["far.io/a", "near.io/a"],
+        );
+        assert_eq!(made, ["far.io"]);
+    }
+
+    /// The case: mirrors 20 ms and 100 ms away (85 and 405 ms a lookup). Eight near
+    /// lookups end at 680 ms; the far one, predicted from the near one's timing alone, would
+    /// have started and ended at 1,085 ms.
+    #[test]
+    fn a_distant_registry_is_not_predicted_from_a_near_ones_timing() {
+        let mut images = ["near.io/a"; 8].to_vec();
+        images.push("far.io/a");
+        let made = asked(&[("near.io", 85), ("far.io", 405)], &images);
+        assert_eq!(made.len(), 8, "{made:?}");
+        assert!(!made.contains(&"far.io".to_string()));
+    }
+
+    #[test]
+    fn a_registry_asked_is_predicted_from_its_own_slowest_lookup() {
+        // near 85 → 85; far (200 predicted) → 490; near 85 each → 575, 660, 745; the next
+        // near one would end at 830, and far again (405) at 1,150.
+        let mut images = vec!["near.io/a", "far.io/a"];
+        images.extend(["near.io/a"; 4]);
+        images.push("far.io/a");
+        let made = asked(&[("near.io", 85), ("far.io", 405)], &images);
+        assert_eq!(made, ["near.io", "far.io", "near.io", "near.io", "near.io"]);
+    }
+
+    /// `verifySource` asks before a sequence whether all of it fits: nothing measured, the first
+    /// lookup is free and two unknown registries cost a quarter of the budget each.
+    #[test]
+    fn a_sequence_starts_only_when_all_of_it_is_likely_to_fit() {
+        let clock = FakeClock::default();
+        let mut hosts = Hosts::new(&clock, &[("m.io", 85), ("s.io", 250)]);
+        let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
+        let sequence = ["m.io/a", "s.io/a", "s.io/a", "m.io/a"];
+        assert!(budgeted.affordable(&sequence), "0 + 200 + 200 + 200");
+        let _ = budgeted.manifest_digest("m.io/a");
+        assert!(budgeted.affordable(&sequence[1..]), "85 + 200 + 200 + 85");
+        let _ = budgeted.manifest_digest("s.io/a");
+        assert!(budgeted.affordable(&sequence[2..]), "335 + 250 + 85");
+        // A second image's whole sequence: 335 + 85 + 250 + 250 + 85 = 1,005.
+        assert!(!budgeted.affordable(&sequence));
+        assert_eq!(budgeted.report().refused, 1);
+        assert_eq!(hosts.ended.len(), 2, "a refused sequence asks nothing");
+    }
+
     /// Reading a large request before the first lookup spends budget too.
     #[test]
     fn time_before_the_first_lookup_counts() {
         // 500 + 200 = 700; a second would end at 900.
         let (made, report) = run_after(500, 800, &[200], 5);
         assert_eq!(made, 1);
-        assert_eq!(report.spent, Duration::from_millis(700));
+        assert_eq!(report.elapsed, Duration::from_millis(700));
     }
 }

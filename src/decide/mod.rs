@@ -7,7 +7,7 @@ mod verify_source;
 
 use crate::policy::{Fallback, Policy, SwapPolicy};
 use crate::reference::{Reference, parse_digest};
-use crate::registry::{LookupError, Registry};
+use crate::registry::{LookupError, Registry, registry_host};
 use crate::rules::{Destination, Route};
 use crate::text::quote;
 
@@ -80,30 +80,87 @@ pub enum Decision {
     Reject(Note),
 }
 
-pub fn decide(image: &str, policy: &Policy, registry: &mut impl Registry) -> Decision {
+/// An image parsed and routed: where its decision starts. Routing asks no registry, so an
+/// admission can order its decisions by the registries they will ask before asking any.
+pub enum Routed<'p> {
+    /// Decided without a lookup: no rule, excluded, already swapped, or not routable.
+    Settled(Decision),
+    /// Bound for the mirror.
+    Mirror {
+        reference: Reference,
+        destination: Destination<'p>,
+    },
+}
+
+impl Routed<'_> {
+    /// The registry hosts the decision asks first: the mirror's, and with `verifySource` and a
+    /// tag, the source's. None when it looks nothing up.
+    pub fn first_hosts(&self, policy: &Policy) -> Vec<&str> {
+        let Routed::Mirror {
+            reference,
+            destination,
+        } = self
+        else {
+            return Vec::new();
+        };
+        if policy.swap_policy == SwapPolicy::Always {
+            return Vec::new();
+        }
+        let mut hosts = vec![registry_host(&destination.repository)];
+        if policy.verify_source && reference.digest().is_none() {
+            hosts.push(reference.domain());
+        }
+        hosts
+    }
+}
+
+/// Parses and routes `image`.
+pub fn route<'p>(image: &str, policy: &'p Policy) -> Routed<'p> {
     let reference = match Reference::parse(image) {
         Ok(reference) => reference,
         Err(error) => {
-            return Decision::Keep(Note::new(
+            return Routed::Settled(Decision::Keep(Note::new(
                 Reason::InvalidReference,
                 format!(
                     "image {}: not swapped, not a valid image reference: {error}",
                     quote(image)
                 ),
-            ));
+            )));
         }
     };
     match policy.router.route(&reference) {
-        Route::NotMatched | Route::Excluded(_) => Decision::Unchanged,
-        Route::AlreadySwapped => Decision::AlreadySwapped,
-        Route::Unroutable { rule, reason } => Decision::Keep(Note::new(
+        Route::NotMatched | Route::Excluded(_) => Routed::Settled(Decision::Unchanged),
+        Route::AlreadySwapped => Routed::Settled(Decision::AlreadySwapped),
+        Route::Unroutable { rule, reason } => Routed::Settled(Decision::Keep(Note::new(
             Reason::Unroutable,
             format!("image {}: not swapped, {rule}: {reason}", quote(image)),
-        )),
-        Route::Mirror(destination) => {
-            decide_mirror(image, &reference, &destination, policy, registry)
-        }
+        ))),
+        Route::Mirror(destination) => Routed::Mirror {
+            reference,
+            destination,
+        },
     }
+}
+
+/// The decision for `image`, once routed.
+pub fn decide_routed(
+    image: &str,
+    routed: Routed<'_>,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Decision {
+    match routed {
+        Routed::Settled(decision) => decision,
+        Routed::Mirror {
+            reference,
+            destination,
+        } => decide_mirror(image, &reference, &destination, policy, registry),
+    }
+}
+
+/// The decision for `image`: [`route`], then [`decide_routed`].
+pub fn decide(image: &str, policy: &Policy, registry: &mut impl Registry) -> Decision {
+    decide_routed(image, route(image, policy), policy, registry)
 }
 
 fn decide_mirror(
@@ -144,6 +201,13 @@ fn decide_mirror(
             }
         }
         (SwapPolicy::Exists, None) => {
+            // The whole sequence must be likely to fit before its first lookup: the mirror,
+            // the source, and the two manifests a mismatch needs.
+            if policy.verify_source
+                && !registry.affordable(&[&tagged, reference.as_str(), reference.as_str(), &tagged])
+            {
+                return fallback(policy, image, &tagged, Failure::Budget("not looked up"));
+            }
             let mirror_digest = match verified_digest(registry, &tagged) {
                 Ok(digest) => digest,
                 Err(error) => return fallback(policy, image, &tagged, error.into()),

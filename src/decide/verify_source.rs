@@ -576,4 +576,34 @@ mod tests {
             note.text
         );
     }
+
+    /// A budget that affords single lookups but no sequence of them.
+    struct NoSequences(FakeRegistry);
+
+    impl Registry for NoSequences {
+        fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+            self.0.manifest_digest(image)
+        }
+
+        fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
+            self.0.manifest(image)
+        }
+
+        fn affordable(&mut self, images: &[&str]) -> bool {
+            images.len() <= 1
+        }
+    }
+
+    /// No lookup is spent on a comparison the budget would cut short: the whole sequence (the
+    /// mirror, the source, the two manifests) must be likely to fit before the first lookup.
+    #[test]
+    fn a_comparison_that_would_not_fit_starts_no_lookup() {
+        let mut registry = NoSequences(registry(DIGEST_B, Ok(DIGEST_A)));
+        let decision = decide(SOURCE_TAG, &settings(""), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Keep(note) if note.reason == Reason::Budget),
+            "{decision:?}"
+        );
+        assert!(registry.0.asked.is_empty(), "{:?}", registry.0.asked);
+    }
 }

@@ -40,4 +40,8 @@ impl<R: Registry> Registry for LookOnce<'_, R> {
             .or_insert_with(|| inner.manifest(image))
             .clone()
     }
+
+    fn affordable(&mut self, images: &[&str]) -> bool {
+        self.inner.affordable(images)
+    }
 }

@@ -1,8 +1,9 @@
 //! One admission, in the order its steps run:
 //!
 //! 1. `candidates`: which containers to decide on (on update, only changed images);
-//! 2. `reapply`: the running swap a re-applied manifest keeps; then one decision per distinct image (`crate::decide`), each lookup asked
-//!    once (`look_once`) within the lookup budget (`crate::budget`);
+//! 2. `reapply`: the running swap a re-applied manifest keeps; `decisions`: one decision per
+//!    distinct image (`crate::decide`), the first image of each registry first, each lookup
+//!    asked once (`look_once`) within the lookup budget (`crate::budget`);
 //! 3. `pull_secrets`: whether a mirror's secret can be added, and adding it;
 //! 4. `record`: the original-images annotation;
 //! 5. `report`: warnings, the rejection message, audit annotations.
@@ -10,6 +11,7 @@
 //! `object` reads and writes the Pod, which stays JSON.
 
 mod candidates;
+mod decisions;
 mod look_once;
 mod object;
 mod pull_secrets;
@@ -24,15 +26,14 @@ use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
 use serde_json::Value;
 
 use crate::budget::{Budgeted, Clock};
-use crate::decide::{Decision, Note, decide};
+use crate::decide::Note;
 use crate::policy::Policy;
 use crate::registry::Registry;
 
-use candidates::{CONTAINER_LISTS, Candidate, EPHEMERAL_LIST, candidates};
-use look_once::LookOnce;
+use candidates::{CONTAINER_LISTS, EPHEMERAL_LIST, candidates};
+use decisions::decide_all;
 use object::{annotation, container_mut};
-use pull_secrets::{add_pull_secrets, check_pull_secret, pull_secret_names};
-use reapply::running_swap;
+use pull_secrets::{add_pull_secrets, pull_secret_names};
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};
 use report::{audit_annotations, capped, messages};
@@ -88,24 +89,25 @@ impl Operation {
 
 /// A container image this admission rewrites.
 pub(super) struct Swap {
-    list: &'static str,
-    index: usize,
-    name: String,
-    original: String,
-    image: String,
-    pull_secret: Option<String>,
+    pub(super) list: &'static str,
+    pub(super) index: usize,
+    pub(super) name: String,
+    pub(super) original: String,
+    pub(super) image: String,
+    pub(super) pull_secret: Option<String>,
     /// Put back to the swap recorded for it: a re-applied manifest re-sent the original.
-    reapplied: bool,
+    pub(super) reapplied: bool,
 }
 
 /// What the decisions say of the candidates.
 #[derive(Default)]
 pub(super) struct Verdicts {
-    swaps: Vec<Swap>,
-    /// One note per distinct image kept, rejected, or swapped with a warning, in lookup order.
-    kept: Vec<(String, Note)>,
-    rejected: Vec<(String, Note)>,
-    swapped_with_note: Vec<(String, Note)>,
+    pub(super) swaps: Vec<Swap>,
+    /// One note per distinct image kept, rejected, or swapped with a warning, in container
+    /// order.
+    pub(super) kept: Vec<(String, Note)>,
+    pub(super) rejected: Vec<(String, Note)>,
+    pub(super) swapped_with_note: Vec<(String, Note)>,
 }
 
 /// Takes the request by value: the mutated Pod is the request's own object, changed in place,
@@ -201,68 +203,6 @@ pub fn admit(
         warnings,
         audit,
     }
-}
-
-/// One decision per distinct image, in container order, and what it means for each container.
-fn decide_all(
-    candidates: &[Candidate<'_>],
-    operation: Operation,
-    existing_secrets: &[String],
-    recorded: &BTreeMap<String, String>,
-    policy: &Policy,
-    registry: &mut impl Registry,
-) -> Verdicts {
-    let mut registry = LookOnce::new(registry);
-    let mut decisions: BTreeMap<&str, Decision> = BTreeMap::new();
-    let mut verdicts = Verdicts::default();
-    for candidate in candidates {
-        if let Some(old_image) = running_swap(candidate, recorded, &policy.router) {
-            verdicts.swaps.push(Swap {
-                list: candidate.list,
-                index: candidate.index,
-                name: candidate.name.to_string(),
-                original: candidate.image.to_string(),
-                image: old_image.to_string(),
-                pull_secret: None,
-                reapplied: true,
-            });
-            continue;
-        }
-        let decision = match decisions.get(candidate.image) {
-            Some(decision) => decision,
-            None => {
-                let decision = decide(candidate.image, policy, &mut registry);
-                let decision =
-                    check_pull_secret(decision, candidate.image, operation, existing_secrets);
-                let image = candidate.image.to_string();
-                match &decision {
-                    Decision::Keep(note) => verdicts.kept.push((image, note.clone())),
-                    Decision::Reject(note) => verdicts.rejected.push((image, note.clone())),
-                    Decision::Swap {
-                        note: Some(note), ..
-                    } => verdicts.swapped_with_note.push((image, note.clone())),
-                    _ => {}
-                }
-                decisions.entry(candidate.image).or_insert(decision)
-            }
-        };
-        if let Decision::Swap {
-            image, pull_secret, ..
-        } = decision
-            && image != candidate.image
-        {
-            verdicts.swaps.push(Swap {
-                list: candidate.list,
-                index: candidate.index,
-                name: candidate.name.to_string(),
-                original: candidate.image.to_string(),
-                image: image.clone(),
-                pull_secret: pull_secret.clone(),
-                reapplied: false,
-            });
-        }
-    }
-    verdicts
 }
 
 #[cfg(test)]
@@ -702,6 +642,18 @@ mod tests {
         assert!(registry.asked.is_empty(), "{:?}", registry.asked);
     }
 
+    /// A re-applied container changed nothing: the summary counts it apart from swaps.
+    #[test]
+    fn the_summary_counts_reapplied_containers_apart_from_swaps() {
+        let (request, _) = reapplied(Some(json!({"web": "nginx:1.27"})));
+        let outcome = admit(request, &policy_from(SETTINGS), &mut registry());
+        let summary: Value = serde_json::from_str(&outcome.audit["summary"]).expect("JSON");
+        assert_eq!(
+            (&summary["swapped"], &summary["reapplied"]),
+            (&json!(0), &json!(1))
+        );
+    }
+
     #[test]
     fn without_the_record_a_reapplied_original_is_decided_afresh() {
         let (request, _) = reapplied(None);
@@ -855,14 +807,15 @@ mod tests {
         assert_eq!(
             outcome.warnings,
             [
-                "lookup budget of 800 ms spent: 600 ms on 2 lookups (slowest 300 ms); 28 images were not looked up or compared in time and kept as they were (onLookupError is keep): \"app2:1\", \"app3:1\", \"app4:1\", \"app5:1\", \"app6:1\", and 23 more"
+                "lookup budget of 800 ms spent: the evaluation had run 600 ms, 600 ms of it in 2 lookups (the slowest 300 ms); 28 images were not looked up or compared in time and kept as they were (onLookupError is keep): \"app2:1\", \"app3:1\", \"app4:1\", \"app5:1\", \"app6:1\", and 23 more"
             ]
         );
         let summary: Value = serde_json::from_str(&audit["summary"]).expect("JSON");
         assert_eq!(
             summary,
-            json!({"swapped": 2, "kept": 28, "rejected": 0, "lookups": 2,
-                   "lookupMilliseconds": 600, "budgetMilliseconds": 800, "notLookedUp": 28})
+            json!({"swapped": 2, "reapplied": 0, "kept": 28, "rejected": 0, "lookups": 2,
+                   "lookupMilliseconds": 600, "evaluationMilliseconds": 600,
+                   "budgetMilliseconds": 800, "notLookedUp": 28})
         );
         let kept: Value = serde_json::from_str(&audit["kept"]).expect("JSON");
         assert_eq!(kept[0], json!({"image": "app2:1", "reason": "budget"}));
@@ -874,7 +827,7 @@ mod tests {
         let (outcome, _) = budget_admission(r#","onLookupError":"reject""#, 30, 300);
         let message = rejection(outcome);
         assert!(
-            message.starts_with("lookup budget of 800 ms spent: 600 ms on 2 lookups (slowest 300 ms); 28 images were not looked up or compared in time and refused (onLookupError is reject)"),
+            message.starts_with("lookup budget of 800 ms spent: the evaluation had run 600 ms, 600 ms of it in 2 lookups (the slowest 300 ms); 28 images were not looked up or compared in time and refused (onLookupError is reject)"),
             "{message}"
         );
     }
@@ -884,7 +837,7 @@ mod tests {
         let (outcome, asked) = budget_admission("", 5, 1_500);
         assert_eq!(asked, 1);
         assert!(
-            outcome.warnings[0].starts_with("lookup budget of 800 ms spent: 1500 ms on 1 lookup (slowest 1500 ms); 4 images were"),
+            outcome.warnings[0].starts_with("lookup budget of 800 ms spent: the evaluation had run 1500 ms, 1500 ms of it in 1 lookup (the slowest 1500 ms); 4 images were"),
             "{:?}",
             outcome.warnings
         );
@@ -894,6 +847,122 @@ mod tests {
                 .as_str()
                 .is_some_and(|i| i.ends_with(DIGEST_A))
         );
+    }
+
+    /// Reading the request took 150 ms before the first lookup: the warning says what each
+    /// figure measures, the evaluation's time and the lookups' part of it.
+    #[test]
+    fn the_budget_warning_names_what_each_figure_measures() {
+        let settings =
+            r#"{"mirrors":[{"source":"docker.io","target":"mirror.example.com/dockerhub"}]}"#;
+        let (object, inner) = many_images(5);
+        let clock = FakeClock::default();
+        clock.advance(Duration::from_millis(150));
+        let mut registry = Distant {
+            inner,
+            clock: clock.clone(),
+            ms: 300,
+        };
+        let outcome = super::admit(
+            request("CREATE", "", object, Value::Null),
+            &policy_from(settings),
+            &mut registry,
+            &clock,
+        );
+        assert!(
+            outcome.warnings[0].starts_with("lookup budget of 800 ms spent: the evaluation had run 750 ms, 600 ms of it in 2 lookups (the slowest 300 ms); 3 images were"),
+            "{:?}",
+            outcome.warnings
+        );
+        let summary: Value = serde_json::from_str(&outcome.audit["summary"]).expect("JSON");
+        assert_eq!(
+            (
+                &summary["lookupMilliseconds"],
+                &summary["evaluationMilliseconds"]
+            ),
+            (&json!(600), &json!(750))
+        );
+    }
+
+    /// Lookups on two mirrors whose lookups take 85 and 405 ms (20 and 100 ms away): one image
+    /// on the far mirror among eight on the near one, at every position. Every lookup after the
+    /// first ends within the budget, and the far image is looked up while the budget is fresh.
+    #[test]
+    fn every_lookup_ends_within_the_budget_whatever_order_the_pod_names_its_registries() {
+        let settings = r#"{"mirrors":[
+            {"source":"docker.io","target":"near.example.com/hub"},
+            {"source":"quay.io","target":"far.example.com/quay"}]}"#;
+        let policy = policy_from(settings);
+        for far_at in 0..=8 {
+            let mut images: Vec<String> = (0..8).map(|i| format!("app{i}:1")).collect();
+            images.insert(far_at, "quay.io/org/far:1".to_string());
+            let containers: Vec<Value> = images
+                .iter()
+                .enumerate()
+                .map(|(i, image)| json!({"name": format!("c{i}"), "image": image}))
+                .collect();
+            let clock = FakeClock::default();
+            let mut registry = PerHost {
+                clock: clock.clone(),
+                latency_ms: [("near.example.com", 85), ("far.example.com", 405)],
+                ended: Vec::new(),
+            };
+            let outcome = super::admit(
+                request(
+                    "CREATE",
+                    "",
+                    pod(json!({ "containers": containers })),
+                    Value::Null,
+                ),
+                &policy,
+                &mut registry,
+                &clock,
+            );
+            let late: Vec<_> = registry
+                .ended
+                .iter()
+                .skip(1)
+                .filter(|(_, at)| *at > 800)
+                .collect();
+            assert!(
+                late.is_empty(),
+                "far image at {far_at}: {late:?} of {:?}",
+                registry.ended
+            );
+            let pod = mutated(outcome);
+            assert!(
+                pod["spec"]["containers"][far_at]["image"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("far.example.com/quay/org/far:1@")),
+                "far image at {far_at}: {pod}"
+            );
+        }
+    }
+
+    /// Answers every digest lookup after its registry host's latency, and notes when it ended.
+    struct PerHost {
+        clock: FakeClock,
+        latency_ms: [(&'static str, u64); 2],
+        ended: Vec<(String, u64)>,
+    }
+
+    impl Registry for PerHost {
+        fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+            let host = crate::registry::registry_host(image);
+            let ms = self
+                .latency_ms
+                .iter()
+                .find(|(h, _)| *h == host)
+                .map_or(0, |(_, ms)| *ms);
+            self.clock.advance(Duration::from_millis(ms));
+            let at = u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX);
+            self.ended.push((image.to_string(), at));
+            Ok(DIGEST_A.to_string())
+        }
+
+        fn manifest(&mut self, _image: &str) -> Result<Manifest, LookupError> {
+            Err(LookupError::Failed("not used".to_string()))
+        }
     }
 
     #[test]

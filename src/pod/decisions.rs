@@ -1,0 +1,111 @@
+//! Step 2 of an admission: one decision per distinct image, and what it means for each container.
+//! Separate because the order of the lookups is decided here: the first image of each registry
+//! first, so that the budget times every registry while it is fresh (see `crate::budget`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::decide::{Decision, Routed, decide_routed, route};
+use crate::policy::Policy;
+use crate::registry::Registry;
+
+use super::candidates::Candidate;
+use super::look_once::LookOnce;
+use super::pull_secrets::check_pull_secret;
+use super::reapply::running_swap;
+use super::{Operation, Swap, Verdicts};
+
+/// One decision per distinct image, and what it means for each container, in container order.
+pub(super) fn decide_all(
+    candidates: &[Candidate<'_>],
+    operation: Operation,
+    existing_secrets: &[String],
+    recorded: &BTreeMap<String, String>,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Verdicts {
+    let mut registry = LookOnce::new(registry);
+    let mut running: Vec<Option<&str>> = Vec::with_capacity(candidates.len());
+    let mut routed: Vec<(&str, Routed<'_>)> = Vec::new();
+    let mut routed_images: BTreeSet<&str> = BTreeSet::new();
+    for candidate in candidates {
+        let swap = running_swap(candidate, recorded, &policy.router);
+        if swap.is_none() && routed_images.insert(candidate.image) {
+            routed.push((candidate.image, route(candidate.image, policy)));
+        }
+        running.push(swap);
+    }
+    let order = lookup_order(&routed, policy);
+    let mut routed: Vec<Option<(&str, Routed<'_>)>> = routed.into_iter().map(Some).collect();
+    let mut decisions: BTreeMap<&str, Decision> = BTreeMap::new();
+    for index in order {
+        let Some((image, routed)) = routed.get_mut(index).and_then(Option::take) else {
+            continue;
+        };
+        let decision = decide_routed(image, routed, policy, &mut registry);
+        let decision = check_pull_secret(decision, image, operation, existing_secrets);
+        decisions.insert(image, decision);
+    }
+    let mut verdicts = Verdicts::default();
+    let mut reported: BTreeSet<&str> = BTreeSet::new();
+    for (candidate, running) in candidates.iter().zip(running) {
+        let swap = |image: &str, pull_secret: Option<&String>, reapplied| Swap {
+            list: candidate.list,
+            index: candidate.index,
+            name: candidate.name.to_string(),
+            original: candidate.image.to_string(),
+            image: image.to_string(),
+            pull_secret: pull_secret.cloned(),
+            reapplied,
+        };
+        if let Some(old_image) = running {
+            verdicts.swaps.push(swap(old_image, None, true));
+            continue;
+        }
+        let Some(decision) = decisions.get(candidate.image) else {
+            continue;
+        };
+        if reported.insert(candidate.image) {
+            let image = candidate.image.to_string();
+            match decision {
+                Decision::Keep(note) => verdicts.kept.push((image, note.clone())),
+                Decision::Reject(note) => verdicts.rejected.push((image, note.clone())),
+                Decision::Swap {
+                    note: Some(note), ..
+                } => verdicts.swapped_with_note.push((image, note.clone())),
+                _ => {}
+            }
+        }
+        if let Decision::Swap {
+            image, pull_secret, ..
+        } = decision
+            && image != candidate.image
+        {
+            verdicts
+                .swaps
+                .push(swap(image, pull_secret.as_ref(), false));
+        }
+    }
+    verdicts
+}
+
+/// The order the decisions are made in: first, for each registry in the order the Pod first
+/// names it, the first image whose decision asks it; then every other image in container
+/// order. Each registry is then timed while the budget is fresh, and every later lookup is
+/// predicted from its own registry's timing, whatever order the Pod names its registries in.
+/// The order is fixed by the Pod and the settings alone, so recorded lookups replay exactly.
+fn lookup_order(routed: &[(&str, Routed<'_>)], policy: &Policy) -> Vec<usize> {
+    let mut timed: BTreeSet<&str> = BTreeSet::new();
+    let mut first = Vec::new();
+    let mut rest = Vec::new();
+    for (index, (_, routed)) in routed.iter().enumerate() {
+        let hosts = routed.first_hosts(policy);
+        if hosts.iter().any(|host| !timed.contains(host)) {
+            timed.extend(hosts);
+            first.push(index);
+        } else {
+            rest.push(index);
+        }
+    }
+    first.extend(rest);
+    first
+}
