@@ -144,15 +144,25 @@ pub fn locate(image: &str) -> Result<(String, String, String), String> {
     ))
 }
 
+/// Whether ureq's I/O error is a connection the server closed before its answer.
+fn closed_without_answer(transport: &ureq::Transport) -> bool {
+    let text = transport.to_string().to_ascii_lowercase();
+    text.contains("eof") || text.contains("closed") || text.contains("reset")
+}
+
 /// The prefix policy-fetcher's `RegistryError::OCIRegistryError` puts before oci-client's error.
 const REGISTRY_PREFIX: &str = "Fail to interact with OCI registry";
 
 impl LiveHost {
     /// One client per lookup, as the host builds one per call: its connection serves the
-    /// lookup's requests and is closed with it, never reused by the next lookup.
+    /// lookup's requests and is closed with it, never reused by the next lookup. Like the
+    /// host's (policy-fetcher leaves oci-client's `connect_timeout` and `read_timeout` at
+    /// `None`), it has no read timeout: a registry that hangs holds the lookup until the
+    /// connection dies. The connect timeout is only a safety net for the test process, longer
+    /// than any test holds a connection.
     fn client() -> ureq::Agent {
         ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(10))
+            .timeout_connect(Duration::from_secs(120))
             .build()
     }
 
@@ -213,6 +223,13 @@ impl LiveHost {
                             root,
                         ]);
                     }
+                    // The server closed the connection without answering: hyper's
+                    // `IncompleteMessage`, under hyper-util's `SendRequest` kind (reqwest words
+                    // a refused connection as "client error (Connect)" the same way).
+                    ureq::ErrorKind::Io if closed_without_answer(&transport) => chain.extend([
+                        "client error (SendRequest)".to_string(),
+                        "connection closed before message completed".to_string(),
+                    ]),
                     ureq::ErrorKind::Io => chain.push("operation timed out".to_string()),
                     _ => chain.push(transport.to_string()),
                 }
