@@ -51,14 +51,22 @@ impl Prefix {
     }
 }
 
+/// One mirror an image may be swapped to: a registry prefix, and the pull secret the Pod needs
+/// for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub prefix: Prefix,
+    pub pull_secret: Option<String>,
+}
+
 /// One `mirrors` entry, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
     /// Its position in the settings, for messages.
     pub index: usize,
     pub source: Prefix,
-    pub target: Prefix,
-    pub pull_secret: Option<String>,
+    /// Tried in order: the first that holds the image wins. Never empty.
+    pub targets: Vec<Target>,
 }
 
 /// The validated routing table.
@@ -66,7 +74,8 @@ pub struct Rule {
 pub struct Router {
     /// Longest source first, so the first match is the most specific.
     pub rules: Vec<Rule>,
-    pub default_mirror: Option<Prefix>,
+    /// `defaultMirror`'s registries, tried in order.
+    pub default_mirrors: Vec<Prefix>,
     /// Every target, so that an image already swapped is recognised and left alone.
     pub targets: Vec<Prefix>,
     pub exclude: Vec<Glob>,
@@ -81,7 +90,7 @@ pub enum Route<'p> {
     Excluded(&'p Glob),
     /// It is already under a target: admitting twice changes nothing.
     AlreadySwapped,
-    /// A rule matched, but the mirror repository it names is not a valid name.
+    /// A rule matched, but none of the mirror repositories it names is a valid name.
     Unroutable {
         rule: RuleName,
         reason: String,
@@ -91,10 +100,16 @@ pub enum Route<'p> {
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct Destination<'p> {
-    /// The mirror repository, without tag or digest.
+    /// The mirror repositories, in the order they are tried; never empty.
+    pub targets: Vec<MirrorRepository<'p>>,
+    pub rule: RuleName,
+}
+
+/// One mirror repository an image may be swapped to, without tag or digest.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MirrorRepository<'p> {
     pub repository: String,
     pub pull_secret: Option<&'p str>,
-    pub rule: RuleName,
 }
 
 /// Which setting routed an image, named only when a message needs it.
@@ -115,16 +130,16 @@ impl std::fmt::Display for RuleName {
 
 impl Router {
     /// Sorts the rules most specific first and collects the targets.
-    pub fn new(mut rules: Vec<Rule>, default_mirror: Option<Prefix>, exclude: Vec<Glob>) -> Router {
+    pub fn new(mut rules: Vec<Rule>, default_mirrors: Vec<Prefix>, exclude: Vec<Glob>) -> Router {
         rules.sort_by_key(|rule| std::cmp::Reverse(rule.source.as_str().len()));
         let targets = rules
             .iter()
-            .map(|r| r.target.clone())
-            .chain(default_mirror.clone())
+            .flat_map(|r| r.targets.iter().map(|t| t.prefix.clone()))
+            .chain(default_mirrors.iter().cloned())
             .collect();
         Router {
             rules,
-            default_mirror,
+            default_mirrors,
             targets,
             exclude,
         }
@@ -150,19 +165,29 @@ impl Router {
             .rules
             .iter()
             .find_map(|rule| Some((rule, rule.source.strip_from(name)?)));
-        let (repository, pull_secret, rule) = match (matched, &self.default_mirror) {
-            (Some((rule, rest)), _) => (
-                rule.target.join(rest),
-                rule.pull_secret.as_deref(),
+        let (candidates, rule): (Vec<MirrorRepository<'_>>, RuleName) = match matched {
+            Some((rule, rest)) => (
+                rule.targets
+                    .iter()
+                    .map(|target| MirrorRepository {
+                        repository: target.prefix.join(rest),
+                        pull_secret: target.pull_secret.as_deref(),
+                    })
+                    .collect(),
                 RuleName::Mirror(rule.index),
             ),
-            // An image of the default mirror's own registry is not routed there: it would land
-            // at `<registry>/<its own host>/...`, which nobody fills (k8s-image-swapper skips
+            None if self.default_mirrors.is_empty() => return Route::NotMatched,
+            // An image of a default mirror's own registry is not routed there: it would land at
+            // `<registry>/<its own host>/...`, which nobody fills (k8s-image-swapper skips
             // these too).
-            (None, Some(registry)) if registry.host() == reference.domain() => {
+            None if self
+                .default_mirrors
+                .iter()
+                .any(|registry| registry.host() == reference.domain()) =>
+            {
                 return Route::NotMatched;
             }
-            (None, Some(registry)) => {
+            None => {
                 // k8s-image-swapper's layout keeps the source host as a path segment, which a
                 // host with a port or upper-case letters cannot be.
                 if !is_path_component(reference.domain()) {
@@ -171,31 +196,42 @@ impl Router {
                         reason: format!(
                             "registry host {:?} cannot be a repository path segment under {:?}",
                             reference.domain(),
-                            registry.as_str()
+                            self.default_mirrors
+                                .first()
+                                .map_or("", |registry| registry.as_str())
                         ),
                     };
                 }
-                (registry.join(name), None, RuleName::DefaultMirror)
+                (
+                    self.default_mirrors
+                        .iter()
+                        .map(|registry| MirrorRepository {
+                            repository: registry.join(name),
+                            pull_secret: None,
+                        })
+                        .collect(),
+                    RuleName::DefaultMirror,
+                )
             }
-            (None, None) => return Route::NotMatched,
         };
-        if repository.len() > NAME_MAX_LEN {
-            return Route::Unroutable {
+        // A mirror whose repository name would be too long is skipped; the others are tried.
+        let (targets, too_long): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .partition(|target| target.repository.len() <= NAME_MAX_LEN);
+        match too_long.first() {
+            Some(target) if targets.is_empty() => Route::Unroutable {
                 rule,
                 reason: format!(
-                    "the mirror repository {repository:?} is longer than {NAME_MAX_LEN} characters"
+                    "the mirror repository {:?} is longer than {NAME_MAX_LEN} characters",
+                    target.repository
                 ),
-            };
+            },
+            _ => Route::Mirror(Destination { targets, rule }),
         }
-        Route::Mirror(Destination {
-            repository,
-            pull_secret,
-            rule,
-        })
     }
 
     /// Whether `image` is what this policy would have written for `original`: routing the
-    /// original names the image's repository and tag, and the image's digest is the original's
+    /// original names the image's repository (under any of its targets) and tag, and the image's digest is the original's
     /// when the original names one (any digest otherwise, since pinning adds one). This is how
     /// an UPDATE that re-sends a recorded original is recognised; it never looks anything up.
     pub fn is_swap_of(&self, original: &str, image: &str) -> bool {
@@ -205,7 +241,10 @@ impl Router {
         };
         match self.route(&original) {
             Route::Mirror(destination) => {
-                destination.repository == image.name()
+                destination
+                    .targets
+                    .iter()
+                    .any(|target| target.repository == image.name())
                     && original.tag() == image.tag()
                     && original
                         .digest()
@@ -231,7 +270,12 @@ mod tests {
             Route::AlreadySwapped => "already swapped".to_string(),
             Route::Unroutable { rule, reason } => format!("{rule}: {reason}"),
             Route::Mirror(d) => {
-                format!("{} via {} secret {:?}", d.repository, d.rule, d.pull_secret)
+                let targets: Vec<String> = d
+                    .targets
+                    .iter()
+                    .map(|t| format!("{} via {} secret {:?}", t.repository, d.rule, t.pull_secret))
+                    .collect();
+                targets.join(", then ")
             }
         }
     }
@@ -326,7 +370,7 @@ mod swap_of_tests {
     use crate::decide::tests::policy_from;
     use rstest::rstest;
 
-    const SETTINGS: &str = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],"exclude":["docker.io/library/pause:*"]}"#;
+    const SETTINGS: &str = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"quay.io","targets":[{"target":"m.io/quay"},{"target":"n.io/quay"}]}],"exclude":["docker.io/library/pause:*"]}"#;
     const D: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     const E: &str = "sha256:eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 
@@ -336,6 +380,7 @@ mod swap_of_tests {
     #[case::digest_original(&format!("nginx@{D}"), &format!("m.io/hub/library/nginx@{D}"), true)]
     #[case::digest_original_other_digest(&format!("nginx@{D}"), &format!("m.io/hub/library/nginx@{E}"), false)]
     #[case::tag_and_digest_original_other_digest(&format!("nginx:1.27@{D}"), &format!("m.io/hub/library/nginx:1.27@{E}"), false)]
+    #[case::swap_to_a_later_mirror_of_the_list("quay.io/org/app:1", "n.io/quay/org/app:1", true)]
     #[case::tag_and_digest_original_same_digest(&format!("nginx:1.27@{D}"), &format!("m.io/hub/library/nginx:1.27@{D}"), true)]
     #[case::other_tag("nginx:1.27", "m.io/hub/library/nginx:1.26", false)]
     #[case::other_repository("nginx:1.27", "m.io/hub/library/httpd:1.27", false)]

@@ -4,14 +4,13 @@
 //! mirror's copy with the source when `verifySource` asks for it.
 
 mod verify_source;
+mod walk;
 
-use crate::policy::{Fallback, Policy, SwapPolicy};
+use crate::policy::{Policy, SwapPolicy};
 use crate::reference::{Reference, parse_digest};
 use crate::registry::{LookupError, Registry, registry_host};
 use crate::rules::{Destination, Route};
 use crate::text::quote;
-
-use verify_source::{SourceCheck, check_source};
 
 /// Why an image was not swapped as asked, in a word: the audit annotations' reason codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,6 +31,8 @@ pub enum Reason {
     Unroutable,
     /// Swapped without comparing with the source, which could not be asked (`verifySource`).
     SourceUnverified,
+    /// Swapped to a later mirror of the list: an earlier one could not be asked.
+    EarlierMirrorFailed,
 }
 
 impl Reason {
@@ -45,6 +46,7 @@ impl Reason {
             Reason::InvalidReference => "invalid-reference",
             Reason::Unroutable => "unroutable",
             Reason::SourceUnverified => "source-unverified",
+            Reason::EarlierMirrorFailed => "earlier-mirror-failed",
         }
     }
 }
@@ -54,11 +56,17 @@ impl Reason {
 pub struct Note {
     pub reason: Reason,
     pub text: String,
+    /// When a rule lists several mirrors and none served: each mirror tried, and why not.
+    pub mirrors: Vec<(String, Reason)>,
 }
 
 impl Note {
     fn new(reason: Reason, text: String) -> Note {
-        Note { reason, text }
+        Note {
+            reason,
+            text,
+            mirrors: Vec::new(),
+        }
     }
 }
 
@@ -106,7 +114,10 @@ impl Routed<'_> {
         if policy.swap_policy == SwapPolicy::Always {
             return Vec::new();
         }
-        let mut hosts = vec![registry_host(&destination.repository)];
+        let Some(first) = destination.targets.first() else {
+            return Vec::new();
+        };
+        let mut hosts = vec![registry_host(&first.repository)];
         if policy.verify_source && reference.digest().is_none() {
             hosts.push(reference.domain());
         }
@@ -142,11 +153,33 @@ pub fn route<'p>(image: &str, policy: &'p Policy) -> Routed<'p> {
     }
 }
 
+/// Which mirrors the Pod can pull from: on creation any, since a mirror's pull secret is added
+/// then; afterwards only those whose secret the Pod has, since the API server refuses new
+/// `imagePullSecrets` after creation and a swap would only end in ImagePullBackOff.
+#[derive(Clone, Copy, Debug)]
+pub struct PullSecrets<'a> {
+    pub can_add: bool,
+    pub existing: &'a [String],
+}
+
+impl PullSecrets<'_> {
+    /// A Pod being created: any mirror will do.
+    pub const ANY: PullSecrets<'static> = PullSecrets {
+        can_add: true,
+        existing: &[],
+    };
+
+    fn allow(&self, secret: Option<&str>) -> bool {
+        self.can_add || secret.is_none_or(|secret| self.existing.iter().any(|e| e == secret))
+    }
+}
+
 /// The decision for `image`, once routed.
 pub fn decide_routed(
     image: &str,
     routed: Routed<'_>,
     policy: &Policy,
+    secrets: PullSecrets<'_>,
     registry: &mut impl Registry,
 ) -> Decision {
     match routed {
@@ -154,116 +187,19 @@ pub fn decide_routed(
         Routed::Mirror {
             reference,
             destination,
-        } => decide_mirror(image, &reference, &destination, policy, registry),
+        } => walk::decide_mirror(image, &reference, &destination, policy, secrets, registry),
     }
 }
 
-/// The decision for `image`: [`route`], then [`decide_routed`].
+/// The decision for `image` in a Pod being created: [`route`], then [`decide_routed`].
 pub fn decide(image: &str, policy: &Policy, registry: &mut impl Registry) -> Decision {
-    decide_routed(image, route(image, policy), policy, registry)
-}
-
-fn decide_mirror(
-    image: &str,
-    reference: &Reference,
-    destination: &Destination<'_>,
-    policy: &Policy,
-    registry: &mut impl Registry,
-) -> Decision {
-    let repository = &destination.repository;
-    let tagged = match reference.tag() {
-        Some(tag) => joined(repository, ':', tag),
-        None => repository.clone(),
-    };
-    let pull_secret = destination.pull_secret.map(str::to_string);
-    let swap = |image: String| Decision::Swap {
+    decide_routed(
         image,
-        pull_secret: pull_secret.clone(),
-        note: None,
-    };
-    match (policy.swap_policy, reference.digest()) {
-        (SwapPolicy::Always, Some(digest)) => swap(joined(&tagged, '@', digest)),
-        (SwapPolicy::Always, None) => swap(tagged),
-        // The digest names the content: the mirror must serve exactly it.
-        (SwapPolicy::Exists, Some(digest)) => {
-            let lookup = joined(repository, '@', digest);
-            match verified_digest(registry, &lookup) {
-                Ok(answer) if answer == digest => swap(joined(&tagged, '@', digest)),
-                Ok(answer) => fallback(
-                    policy,
-                    image,
-                    &lookup,
-                    Failure::LookupError(format!(
-                        "could not verify it: the mirror answered digest {answer} for it"
-                    )),
-                ),
-                Err(error) => fallback(policy, image, &lookup, error.into()),
-            }
-        }
-        (SwapPolicy::Exists, None) => {
-            // The whole sequence must be likely to fit before its first lookup: the mirror,
-            // the source, and the two manifests a mismatch needs.
-            if policy.verify_source
-                && !registry.affordable(&[&tagged, reference.as_str(), reference.as_str(), &tagged])
-            {
-                return fallback(policy, image, &tagged, Failure::Budget("not looked up"));
-            }
-            let mirror_digest = match verified_digest(registry, &tagged) {
-                Ok(digest) => digest,
-                Err(error) => return fallback(policy, image, &tagged, error.into()),
-            };
-            let note = if policy.verify_source {
-                let mirror = joined(repository, '@', &mirror_digest);
-                match check_source(
-                    reference,
-                    &mirror,
-                    &mirror_digest,
-                    &policy.platforms,
-                    registry,
-                ) {
-                    SourceCheck::Same => None,
-                    SourceCheck::Unreachable(why) => Some(Note::new(
-                        Reason::SourceUnverified,
-                        format!(
-                            "image {}: swapped to the mirror without comparing it with the source, which could not be looked up ({why})",
-                            quote(image)
-                        ),
-                    )),
-                    SourceCheck::Stale(why) => {
-                        let failure = Failure::Stale(format!("the mirror copy is stale: {why}"));
-                        return fallback(policy, image, &tagged, failure);
-                    }
-                    SourceCheck::Failed(why) => {
-                        let failure = Failure::LookupError(format!(
-                            "could not compare it with the source ({why})"
-                        ));
-                        return fallback(policy, image, &tagged, failure);
-                    }
-                    // The comparison was not made, so nothing says the copy is current.
-                    SourceCheck::OverBudget => {
-                        return fallback(
-                            policy,
-                            image,
-                            &tagged,
-                            Failure::Budget("not compared with the source"),
-                        );
-                    }
-                }
-            } else {
-                None
-            };
-            let image = if policy.pin_digest {
-                joined(&tagged, '@', &mirror_digest)
-            } else {
-                tagged
-            };
-            Decision::Swap {
-                image,
-                pull_secret,
-                note,
-            }
-        }
-    }
+        route(image, policy),
+        policy,
+        PullSecrets::ANY,
+        registry,
+    )
 }
 
 /// `left` `separator` `right`, without the formatting machinery: this runs for every image.
@@ -284,72 +220,6 @@ fn verified_digest(registry: &mut impl Registry, image: &str) -> Result<String, 
             "the host answered {}: {error}",
             quote(&answer)
         ))),
-    }
-}
-
-/// Why the mirror cannot be used, and so which setting decides.
-enum Failure {
-    /// `onMissing`: the mirror lacks the image.
-    Missing(String),
-    /// `onMissing`: the mirror holds a stale copy.
-    Stale(String),
-    /// `onLookupError`: the answer could not be had or could not be trusted.
-    LookupError(String),
-    /// `onLookupError`: the lookup (or comparison) was not made within the budget.
-    Budget(&'static str),
-}
-
-impl From<LookupError> for Failure {
-    fn from(error: LookupError) -> Self {
-        match error {
-            LookupError::Absent(why) => {
-                Failure::Missing(format!("the mirror does not have it ({why})"))
-            }
-            LookupError::Failed(why) => {
-                Failure::LookupError(format!("could not look it up ({why})"))
-            }
-            LookupError::OverBudget => Failure::Budget("not looked up"),
-        }
-    }
-}
-
-fn fallback(policy: &Policy, image: &str, lookup: &str, failure: Failure) -> Decision {
-    let (action, setting, reason, text) = match failure {
-        Failure::Missing(text) => (policy.on_missing, "onMissing", Reason::Absent, text),
-        Failure::Stale(text) => (policy.on_missing, "onMissing", Reason::Stale, text),
-        Failure::LookupError(text) => (
-            policy.on_lookup_error,
-            "onLookupError",
-            Reason::LookupError,
-            text,
-        ),
-        Failure::Budget(what) => (
-            policy.on_lookup_error,
-            "onLookupError",
-            Reason::Budget,
-            format!(
-                "{what}: the lookup budget of {} ms was spent",
-                policy.lookup_budget_ms
-            ),
-        ),
-    };
-    match action {
-        Fallback::Keep => Decision::Keep(Note::new(
-            reason,
-            format!(
-                "image {}: kept, not swapped to {}: {text}",
-                quote(image),
-                quote(lookup)
-            ),
-        )),
-        Fallback::Reject => Decision::Reject(Note::new(
-            reason,
-            format!(
-                "image {}: cannot be swapped to {}: {text}; {setting} is reject",
-                quote(image),
-                quote(lookup)
-            ),
-        )),
     }
 }
 

@@ -4,13 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::decide::{Decision, Routed, decide_routed, route};
+use crate::decide::{Decision, PullSecrets, Routed, decide_routed, route};
 use crate::policy::Policy;
 use crate::registry::Registry;
 
 use super::candidates::Candidate;
 use super::look_once::LookOnce;
-use super::pull_secrets::check_pull_secret;
 use super::reapply::running_swap;
 use super::{Operation, Swap, Verdicts};
 
@@ -24,6 +23,10 @@ pub(super) fn decide_all(
     registry: &mut impl Registry,
 ) -> Verdicts {
     let mut registry = LookOnce::new(registry);
+    let secrets = PullSecrets {
+        can_add: operation == Operation::Create,
+        existing: existing_secrets,
+    };
     let mut running: Vec<Option<&str>> = Vec::with_capacity(candidates.len());
     let mut routed: Vec<(&str, Routed<'_>)> = Vec::new();
     let mut routed_images: BTreeSet<&str> = BTreeSet::new();
@@ -41,8 +44,7 @@ pub(super) fn decide_all(
         let Some((image, routed)) = routed.get_mut(index).and_then(Option::take) else {
             continue;
         };
-        let decision = decide_routed(image, routed, policy, &mut registry);
-        let decision = check_pull_secret(decision, image, operation, existing_secrets);
+        let decision = decide_routed(image, routed, policy, secrets, &mut registry);
         decisions.insert(image, decision);
     }
     let mut verdicts = Verdicts::default();

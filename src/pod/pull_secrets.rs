@@ -1,40 +1,8 @@
-//! A rule's `pullSecret`: appended to the Pod on creation, and, after creation (when the API
-//! server refuses new secrets), a reason to keep an image rather than send it to a mirror the
-//! Pod cannot pull from.
+//! A mirror's `pullSecret`: appended to the Pod on creation. (After creation the API server
+//! refuses new secrets, so the decision skips mirrors whose secret the Pod lacks: see
+//! `crate::decide::PullSecrets`.)
 
 use serde_json::Value;
-
-use crate::decide::{Decision, Note, Reason};
-use crate::text::quote;
-
-use super::Operation;
-
-/// On update and for ephemeral containers the API server refuses new `imagePullSecrets`: a mirror
-/// that needs a secret the Pod lacks would only turn into ImagePullBackOff.
-pub(super) fn check_pull_secret(
-    decision: Decision,
-    image: &str,
-    operation: Operation,
-    existing: &[String],
-) -> Decision {
-    match decision {
-        Decision::Swap {
-            image: target,
-            pull_secret: Some(secret),
-            ..
-        } if operation != Operation::Create && !existing.contains(&secret) => {
-            Decision::Keep(Note {
-                reason: Reason::NoPullSecret,
-                text: format!(
-                    "image {}: kept, not swapped to {}: that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation",
-                    quote(image),
-                    quote(&target)
-                ),
-            })
-        }
-        other => other,
-    }
-}
 
 pub(super) fn pull_secret_names(object: &Value) -> Vec<String> {
     object

@@ -89,7 +89,7 @@ pub(super) const AUDITED_MAX: usize = 20;
 pub(super) const AUDITED_CHARS_MAX: usize = 200;
 
 /// What the admission did, for the API server's audit log: `swapped` (container, from, to),
-/// `kept` and `rejected` (image, reason code), and a `summary` with the counts, the lookups'
+/// `kept` and `rejected` (image, reason code, and each mirror's reason when a rule has several), and a `summary` with the counts, the lookups'
 /// own time and the evaluation's time at the last lookup. Empty when there is nothing to report.
 pub(super) fn audit_annotations(
     verdicts: &Verdicts,
@@ -131,7 +131,19 @@ pub(super) fn audit_annotations(
     let by_image = |list: &[(String, Note)]| -> Vec<Value> {
         list.iter()
             .take(AUDITED_MAX)
-            .map(|(image, note)| json!({"image": cut(image), "reason": note.reason.code()}))
+            .map(|(image, note)| {
+                let mut entry = json!({"image": cut(image), "reason": note.reason.code()});
+                // A rule with several mirrors: what each one said.
+                if !note.mirrors.is_empty() {
+                    let mirrors: Vec<Value> = note
+                        .mirrors
+                        .iter()
+                        .map(|(mirror, reason)| json!({"mirror": cut(mirror), "reason": reason.code()}))
+                        .collect();
+                    entry["mirrors"] = Value::Array(mirrors);
+                }
+                entry
+            })
             .collect()
     };
     for (key, entries) in [

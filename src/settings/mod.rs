@@ -6,6 +6,7 @@
 //! the pairwise target check, over a handful of rules) and builds no regular expression.
 
 mod exclude;
+mod mirrors;
 mod one_to_one;
 mod prefix;
 
@@ -14,11 +15,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::glob::Glob;
 use crate::policy::{Fallback, Platform, Policy, SwapPolicy};
-use crate::rules::{Router, Rule};
+use crate::rules::Router;
 
 use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
-use prefix::{is_bare_docker_hub, is_secret_name, parse_prefix};
+
+pub use mirrors::{DefaultMirrorSetting, MirrorSetting, TargetSetting};
 
 /// The default of `lookupBudgetMilliseconds`: policy-server's default evaluation timeout is 2 s,
 /// counted in one-second ticks, so an evaluation may be interrupted after only 1 s; 800 ms of
@@ -60,82 +62,14 @@ impl Default for Settings {
     }
 }
 
-#[derive(Deserialize, Serialize, Debug, Clone, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct MirrorSetting {
-    pub source: String,
-    pub target: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pull_secret: Option<String>,
-}
-
-#[derive(Deserialize, Serialize, Debug, Clone, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DefaultMirrorSetting {
-    pub registry: String,
-}
-
 impl Policy {
     /// Validates the settings; every error names the field, the rule and the value.
     pub fn from_settings(settings: &Settings) -> Result<Policy, String> {
         let mut errors = Vec::new();
-        let mut rules = Vec::new();
-        for (index, mirror) in settings.mirrors.iter().enumerate() {
-            let field = |name: &str| format!("mirrors[{index}].{name}");
-            let source = parse_prefix(&field("source"), &mirror.source)
-                .map_err(|e| errors.push(e))
-                .ok();
-            let target = parse_prefix(&field("target"), &mirror.target)
-                .map_err(|e| errors.push(e))
-                .ok();
-            if let Some(secret) = mirror.pull_secret.as_ref().filter(|s| !is_secret_name(s)) {
-                errors.push(format!(
-                    "{}: {secret:?} is not a valid Secret name (lower-case letters, digits, '-' and '.', at most 253 characters)",
-                    field("pullSecret")
-                ));
-            }
-            if target.as_ref().is_some_and(is_bare_docker_hub) {
-                errors.push(format!(
-                    "{}: {:?} is Docker Hub without a path: runtimes read a one-segment name there as library/<name>, so \"{}/app\" and \"{}/library/app\" would both become \"docker.io/library/app\"; write a Docker Hub namespace, e.g. \"docker.io/myorg\"",
-                    field("target"),
-                    mirror.target,
-                    mirror.source,
-                    mirror.source,
-                ));
-            }
-            if let (Some(source), Some(target)) = (source, target) {
-                if target.is_within(&source) {
-                    errors.push(format!(
-                        "{}: {:?} is inside its own source {:?}: swapped images would match the rule again",
-                        field("target"),
-                        mirror.target,
-                        mirror.source
-                    ));
-                }
-                rules.push(Rule {
-                    index,
-                    source,
-                    target,
-                    pull_secret: mirror.pull_secret.clone(),
-                });
-            }
-        }
-        for (i, a) in rules.iter().enumerate() {
-            if let Some(b) = rules[..i].iter().find(|b| b.source == a.source) {
-                errors.push(format!(
-                    "mirrors[{}].source: {:?} is the same source as mirrors[{}], so one of the two rules would never apply",
-                    a.index,
-                    settings.mirrors.get(a.index).map_or(a.source.as_str(), |m| m.source.as_str()),
-                    b.index
-                ));
-            }
-        }
-        let default_mirror = settings.default_mirror.as_ref().and_then(|mirror| {
-            parse_prefix("defaultMirror.registry", &mirror.registry)
-                .map_err(|e| errors.push(e))
-                .ok()
-        });
-        check_one_to_one(&rules, default_mirror.as_ref(), &mut errors);
+        let rules = mirrors::rules(&settings.mirrors, &mut errors);
+        let default_mirrors =
+            mirrors::default_mirrors(settings.default_mirror.as_ref(), &mut errors);
+        check_one_to_one(&rules, &default_mirrors, &mut errors);
         if settings.mirrors.is_empty() && settings.default_mirror.is_none() {
             errors.push("mirrors: no mirror is configured; set mirrors or defaultMirror, or the policy swaps nothing".to_string());
         }
@@ -183,7 +117,7 @@ impl Policy {
             return Err(errors.join("; "));
         }
         Ok(Policy {
-            router: Router::new(rules, default_mirror, exclude),
+            router: Router::new(rules, default_mirrors, exclude),
             swap_policy: settings.swap_policy,
             verify_source: settings.verify_source,
             platforms,
@@ -283,10 +217,6 @@ mod tests {
         r#"{"pinDigest":"yes"}"#,
         "pinDigest: invalid type: string \"yes\", expected a boolean"
     )]
-    #[case::missing_target(
-        r#"{"mirrors":[{"source":"docker.io"}]}"#,
-        "mirrors[0]: missing field `target`"
-    )]
     fn parse_errors_name_the_field_and_value(#[case] json: &str, #[case] message: &str) {
         let error = parse_settings(json.as_bytes()).expect_err("invalid settings");
         assert!(
@@ -297,6 +227,38 @@ mod tests {
 
     #[rstest]
     #[case::nothing_configured(r#"{}"#, "mirrors: no mirror is configured")]
+    #[case::missing_target(
+        r#"{"mirrors":[{"source":"docker.io"}]}"#,
+        "mirrors[0]: no target; set target, or targets for several mirrors tried in order"
+    )]
+    #[case::target_and_targets(
+        r#"{"mirrors":[{"source":"docker.io","target":"m.io/a","targets":[{"target":"n.io/a"}]}]}"#,
+        "mirrors[0]: both target and targets are set"
+    )]
+    #[case::pull_secret_beside_targets(
+        r#"{"mirrors":[{"source":"docker.io","pullSecret":"s","targets":[{"target":"n.io/a"}]}]}"#,
+        "mirrors[0].pullSecret: \"s\" beside targets: give each entry of targets its own pullSecret"
+    )]
+    #[case::bad_second_target(
+        r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"m.io/a"},{"target":"n/a","pullSecret":"Bad"}]}]}"#,
+        "mirrors[0].targets[1].pullSecret: \"Bad\" is not a valid Secret name"
+    )]
+    #[case::targets_colliding_across_lists(
+        r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"m.io/hub"},{"target":"n.io/hub"}]},{"source":"quay.io","targets":[{"target":"n.io:443/hub"}]}]}"#,
+        "mirrors[1].target: \"n.io:443/hub\" is also the target of mirrors[0].targets[1], so two images would share one mirror image: \"quay.io/app\" (via mirrors[1]) and \"docker.io/app\" (via mirrors[0].targets[1])"
+    )]
+    #[case::one_target_twice_in_a_list(
+        r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"m.io/hub"},{"target":"m.io/hub"}]}]}"#,
+        "mirrors[0].targets[1].target: \"m.io/hub\" is also the target of mirrors[0].targets[0]"
+    )]
+    #[case::default_mirror_registry_and_registries(
+        r#"{"defaultMirror":{"registry":"m.io/c","registries":["n.io/c"]}}"#,
+        "defaultMirror: both registry and registries are set"
+    )]
+    #[case::default_mirror_registries_nested(
+        r#"{"defaultMirror":{"registries":["m.io/c","m.io/c/d"]}}"#,
+        "defaultMirror.registries[1]: \"m.io/c/d\" lies under defaultMirror.registries[0]'s target \"m.io/c\""
+    )]
     #[case::empty_source(
         r#"{"mirrors":[{"source":"","target":"m.io/x"}]}"#,
         "mirrors[0].source: the value is empty"
@@ -472,6 +434,9 @@ mod tests {
     )]
     #[case::rule_in_default_mirror_layout(
         r#"{"mirrors":[{"source":"docker.io","target":"m.io/cache/docker.io","pullSecret":"hub"}],"defaultMirror":{"registry":"m.io/cache"}}"#
+    )]
+    #[case::ordered_targets(
+        r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"eu.m.io/hub","pullSecret":"eu"},{"target":"us.m.io/hub"}]}],"defaultMirror":{"registries":["eu.m.io/all","us.m.io/all"]}}"#
     )]
     #[case::budget_bounds(
         r#"{"defaultMirror":{"registry":"m.io"},"lookupBudgetMilliseconds":28000}"#

@@ -8,7 +8,10 @@ use super::prefix::resolved;
 /// One way into the mirror, for the one-to-one check: a rule, or `defaultMirror`, whose
 /// source is every name (`<registry>/<name>`).
 struct Mapping<'r> {
+    /// The rule or registry, as messages name it: `mirrors[1]`, `mirrors[0].targets[1]`.
     field: String,
+    /// The setting that holds the target: `mirrors[1].target`, `defaultMirror.registry`.
+    target_field: String,
     source: Option<&'r Prefix>,
     /// As written, for messages.
     target: &'r Prefix,
@@ -36,24 +39,46 @@ impl Mapping<'_> {
 /// A source under any target never applies either: its images count as already swapped.
 pub(super) fn check_one_to_one(
     rules: &[Rule],
-    default_mirror: Option<&Prefix>,
+    default_mirrors: &[Prefix],
     errors: &mut Vec<String>,
 ) {
-    let mappings: Vec<Mapping<'_>> = rules
-        .iter()
-        .map(|rule| Mapping {
-            field: format!("mirrors[{}]", rule.index),
-            source: Some(&rule.source),
-            target: &rule.target,
-            resolved: resolved(&rule.target),
-        })
-        .chain(default_mirror.map(|registry| Mapping {
-            field: "defaultMirror".to_string(),
+    // One way in per target: a rule's list and defaultMirror's registries each give several,
+    // and each is checked against every other, within one list and across lists.
+    let mut mappings: Vec<Mapping<'_>> = Vec::new();
+    for rule in rules {
+        for (k, target) in rule.targets.iter().enumerate() {
+            let field = match rule.targets.len() {
+                1 => format!("mirrors[{}]", rule.index),
+                _ => format!("mirrors[{}].targets[{k}]", rule.index),
+            };
+            mappings.push(Mapping {
+                target_field: format!("{field}.target"),
+                field,
+                source: Some(&rule.source),
+                target: &target.prefix,
+                resolved: resolved(&target.prefix),
+            });
+        }
+    }
+    for (k, registry) in default_mirrors.iter().enumerate() {
+        let (field, target_field) = match default_mirrors.len() {
+            1 => (
+                "defaultMirror".to_string(),
+                "defaultMirror.registry".to_string(),
+            ),
+            _ => {
+                let field = format!("defaultMirror.registries[{k}]");
+                (field.clone(), field)
+            }
+        };
+        mappings.push(Mapping {
+            field,
+            target_field,
             source: None,
             target: registry,
             resolved: resolved(registry),
-        }))
-        .collect();
+        });
+    }
     for (i, inner) in mappings.iter().enumerate() {
         for (j, outer) in mappings.iter().enumerate() {
             if i == j {
@@ -92,7 +117,7 @@ pub(super) fn check_one_to_one(
             };
             errors.push(format!(
                 "{}: {:?} {relation}, so two images would share one mirror image: {via_inner:?} (via {}) and {via_outer:?} (via {}) would both become {shared:?}; give each rule a target of its own that does not nest in another",
-                target_field(&inner.field),
+                inner.target_field,
                 inner.target.as_str(),
                 inner.field,
                 outer.field,
@@ -112,14 +137,6 @@ pub(super) fn check_one_to_one(
     }
 }
 
-fn target_field(mapping: &str) -> String {
-    if mapping == "defaultMirror" {
-        "defaultMirror.registry".to_string()
-    } else {
-        format!("{mapping}.target")
-    }
-}
-
 /// The test the one-to-one rule stands for: over many images and every accepted settings
 /// below, no two distinct normalised source references are routed to one mirror reference.
 #[cfg(test)]
@@ -127,13 +144,14 @@ mod tests {
     use super::super::*;
     use crate::reference::Reference;
     use crate::rules::Route;
-    use crate::rules::{Prefix, Router};
+    use crate::rules::{Prefix, Router, Rule, Target};
     use std::collections::BTreeMap;
 
     const ACCEPTED: &[&str] = &[
         r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/library"}]}"#,
         r#"{"mirrors":[{"source":"docker.io","target":"m.io/cache/docker.io"},{"source":"quay.io/argoproj","target":"m.io/cache/quay.io/argoproj"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
         r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"quay.io","target":"m.io/quay"},{"source":"ghcr.io/org","target":"m.io/gh"}],"defaultMirror":{"registry":"cache.io/all"}}"#,
+        r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"m.io/hub"},{"target":"cache.io/hub"}]},{"source":"quay.io","targets":[{"target":"m.io/quay"},{"target":"cache.io/quay"}]}],"defaultMirror":{"registries":["m.io/all","cache.io/all"]}}"#,
     ];
 
     fn images() -> Vec<String> {
@@ -176,16 +194,20 @@ mod tests {
             let mut seen: BTreeMap<String, String> = BTreeMap::new();
             for image in images() {
                 let reference = Reference::parse(&image).expect("reference");
-                if let Route::Mirror(destination) = policy.router.route(&reference)
-                    && let Some(before) =
-                        seen.insert(destination.repository.clone(), reference.name().to_string())
-                    && before != reference.name()
-                {
-                    panic!(
-                        "{settings}: {before} and {} both go to {}",
-                        reference.name(),
-                        destination.repository
-                    );
+                let Route::Mirror(destination) = policy.router.route(&reference) else {
+                    continue;
+                };
+                for target in destination.targets {
+                    if let Some(before) =
+                        seen.insert(target.repository.clone(), reference.name().to_string())
+                        && before != reference.name()
+                    {
+                        panic!(
+                            "{settings}: {before} and {} both go to {}",
+                            reference.name(),
+                            target.repository
+                        );
+                    }
                 }
             }
             assert!(
@@ -203,31 +225,44 @@ mod tests {
             r#"{"mirrors":[{"source":"docker.io","target":"mirror.example.com/hub"},{"source":"quay.io","target":"mirror.example.com/hub"}]}"#,
             r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},{"source":"docker.io/library","target":"m.io/hub/official"}]}"#,
             r#"{"mirrors":[{"source":"quay.io","target":"m.io/cache/docker.io"}],"defaultMirror":{"registry":"m.io/cache"}}"#,
+            r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"m.io/hub"},{"target":"cache.io/hub"}]},{"source":"quay.io","targets":[{"target":"cache.io/hub"}]}]}"#,
+            r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"m.io/hub"},{"target":"m.io/hub/library"}]}]}"#,
         ] {
             let parsed = parse_settings(settings.as_bytes()).expect("JSON");
             assert!(Policy::from_settings(&parsed).is_err(), "{settings}");
             // Route with the checks bypassed, to show the collision the check prevents.
             let mut rules = Vec::new();
             for (index, mirror) in parsed.mirrors.iter().enumerate() {
+                let targets = mirror
+                    .target
+                    .iter()
+                    .chain(mirror.targets.iter().map(|t| &t.target))
+                    .map(|target| Target {
+                        prefix: Prefix::new(target.clone()),
+                        pull_secret: None,
+                    })
+                    .collect();
                 rules.push(Rule {
                     index,
                     source: Prefix::new(mirror.source.clone()),
-                    target: Prefix::new(mirror.target.clone()),
-                    pull_secret: None,
+                    targets,
                 });
             }
-            let default = parsed
+            let defaults = parsed
                 .default_mirror
-                .as_ref()
-                .map(|d| Prefix::new(d.registry.clone()));
-            let router = Router::new(rules, default, Vec::new());
+                .iter()
+                .flat_map(|d| d.registry.iter().chain(&d.registries))
+                .map(|registry| Prefix::new(registry.clone()))
+                .collect();
+            let router = Router::new(rules, defaults, Vec::new());
             let mut seen: BTreeMap<String, String> = BTreeMap::new();
             let collided = images().iter().any(|image| {
                 let reference = Reference::parse(image).expect("reference");
                 match router.route(&reference) {
-                    Route::Mirror(d) => seen
-                        .insert(d.repository, reference.name().to_string())
-                        .is_some_and(|before| before != reference.name()),
+                    Route::Mirror(d) => d.targets.into_iter().any(|target| {
+                        seen.insert(target.repository, reference.name().to_string())
+                            .is_some_and(|before| before != reference.name())
+                    }),
                     _ => false,
                 }
             });

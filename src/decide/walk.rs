@@ -1,0 +1,506 @@
+//! The walk over a rule's mirrors, in the order the settings list them, and what to say when
+//! none serves. Separate from the table because it is the only part that weighs several
+//! answers: the first mirror that holds the image wins; "absent" and "stale" move to the next,
+//! and so does a lookup error, which is remembered; when none holds it, any lookup error makes
+//! it `onLookupError`'s case, else `onMissing`'s.
+
+use crate::policy::{Fallback, Policy, SwapPolicy};
+use crate::reference::Reference;
+use crate::registry::{LookupError, Registry};
+use crate::rules::{Destination, MirrorRepository};
+use crate::text::quote;
+
+use super::verify_source::{SourceCheck, check_source};
+use super::{Decision, Note, PullSecrets, Reason, joined, verified_digest};
+
+/// Why one mirror cannot be used, and so which setting decides.
+enum Failure {
+    /// `onMissing`: the mirror lacks the image.
+    Missing(String),
+    /// `onMissing`: the mirror holds a stale copy.
+    Stale(String),
+    /// `onLookupError`: the answer could not be had or could not be trusted.
+    LookupError(String),
+    /// `onLookupError`: the lookup (or comparison) was not made within the budget.
+    Budget(&'static str),
+    /// Kept whatever the settings say: the Pod cannot gain the secret this mirror needs.
+    NoPullSecret(String),
+}
+
+impl From<LookupError> for Failure {
+    fn from(error: LookupError) -> Self {
+        match error {
+            LookupError::Absent(why) => {
+                Failure::Missing(format!("the mirror does not have it ({why})"))
+            }
+            LookupError::Failed(why) => {
+                Failure::LookupError(format!("could not look it up ({why})"))
+            }
+            LookupError::OverBudget => Failure::Budget("not looked up"),
+        }
+    }
+}
+
+impl Failure {
+    fn reason(&self) -> Reason {
+        match self {
+            Failure::Missing(_) => Reason::Absent,
+            Failure::Stale(_) => Reason::Stale,
+            Failure::LookupError(_) => Reason::LookupError,
+            Failure::Budget(_) => Reason::Budget,
+            Failure::NoPullSecret(_) => Reason::NoPullSecret,
+        }
+    }
+
+    fn text(&self, policy: &Policy) -> String {
+        match self {
+            Failure::Missing(text)
+            | Failure::Stale(text)
+            | Failure::LookupError(text)
+            | Failure::NoPullSecret(text) => text.clone(),
+            Failure::Budget(what) => format!(
+                "{what}: the lookup budget of {} ms was spent",
+                policy.lookup_budget_ms
+            ),
+        }
+    }
+}
+
+/// One mirror's answer: the image to write (and what to tell), or why not, naming the
+/// reference that was looked up.
+type Attempt = Result<(String, Option<Note>), (String, Failure)>;
+
+pub(super) fn decide_mirror(
+    image: &str,
+    reference: &Reference,
+    destination: &Destination<'_>,
+    policy: &Policy,
+    secrets: PullSecrets<'_>,
+    registry: &mut impl Registry,
+) -> Decision {
+    let mut failures: Vec<(String, Failure)> = Vec::new();
+    for target in &destination.targets {
+        let pull_secret = target.pull_secret.map(str::to_string);
+        let attempt = match pull_secret.as_deref() {
+            Some(secret) if !secrets.allow(Some(secret)) => Err((
+                tagged(&target.repository, reference),
+                Failure::NoPullSecret(format!(
+                    "that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation"
+                )),
+            )),
+            _ => try_mirror(image, reference, target, policy, registry),
+        };
+        match attempt {
+            Ok((swapped, note)) => {
+                let note = note.or_else(|| earlier_failures(image, &swapped, &failures, policy));
+                return Decision::Swap {
+                    image: swapped,
+                    pull_secret,
+                    note,
+                };
+            }
+            // The budget cuts the walk short: the images it did not finish follow
+            // onLookupError, like any image not looked up.
+            Err((lookup, failure @ Failure::Budget(_))) => {
+                return fallback(policy, image, vec![(lookup, failure)]);
+            }
+            Err(failure) => failures.push(failure),
+        }
+    }
+    fallback(policy, image, failures)
+}
+
+/// `repository[:tag]`: the reference a tag lookup asks for.
+fn tagged(repository: &str, reference: &Reference) -> String {
+    match reference.tag() {
+        Some(tag) => joined(repository, ':', tag),
+        None => repository.to_string(),
+    }
+}
+
+/// The decision table for one mirror.
+fn try_mirror(
+    image: &str,
+    reference: &Reference,
+    target: &MirrorRepository<'_>,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Attempt {
+    let repository = &target.repository;
+    let tagged = tagged(repository, reference);
+    match (policy.swap_policy, reference.digest()) {
+        (SwapPolicy::Always, Some(digest)) => Ok((joined(&tagged, '@', digest), None)),
+        (SwapPolicy::Always, None) => Ok((tagged, None)),
+        // The digest names the content: the mirror must serve exactly it.
+        (SwapPolicy::Exists, Some(digest)) => {
+            let lookup = joined(repository, '@', digest);
+            match verified_digest(registry, &lookup) {
+                Ok(answer) if answer == digest => Ok((joined(&tagged, '@', digest), None)),
+                Ok(answer) => Err((
+                    lookup,
+                    Failure::LookupError(format!(
+                        "could not verify it: the mirror answered digest {answer} for it"
+                    )),
+                )),
+                Err(error) => Err((lookup, error.into())),
+            }
+        }
+        (SwapPolicy::Exists, None) => {
+            // The whole sequence must be likely to fit before its first lookup: the mirror,
+            // the source, and the two manifests a mismatch needs.
+            if policy.verify_source
+                && !registry.affordable(&[&tagged, reference.as_str(), reference.as_str(), &tagged])
+            {
+                return Err((tagged, Failure::Budget("not looked up")));
+            }
+            let mirror_digest = match verified_digest(registry, &tagged) {
+                Ok(digest) => digest,
+                Err(error) => return Err((tagged, error.into())),
+            };
+            let note = if policy.verify_source {
+                let mirror = joined(repository, '@', &mirror_digest);
+                match check_source(
+                    reference,
+                    &mirror,
+                    &mirror_digest,
+                    &policy.platforms,
+                    registry,
+                ) {
+                    SourceCheck::Same => None,
+                    SourceCheck::Unreachable(why) => Some(Note::new(
+                        Reason::SourceUnverified,
+                        format!(
+                            "image {}: swapped to the mirror without comparing it with the source, which could not be looked up ({why})",
+                            quote(image)
+                        ),
+                    )),
+                    SourceCheck::Stale(why) => {
+                        let failure = Failure::Stale(format!("the mirror copy is stale: {why}"));
+                        return Err((tagged, failure));
+                    }
+                    SourceCheck::Failed(why) => {
+                        let failure = Failure::LookupError(format!(
+                            "could not compare it with the source ({why})"
+                        ));
+                        return Err((tagged, failure));
+                    }
+                    // The comparison was not made, so nothing says the copy is current.
+                    SourceCheck::OverBudget => {
+                        return Err((tagged, Failure::Budget("not compared with the source")));
+                    }
+                }
+            } else {
+                None
+            };
+            let image = if policy.pin_digest {
+                joined(&tagged, '@', &mirror_digest)
+            } else {
+                tagged
+            };
+            Ok((image, note))
+        }
+    }
+}
+
+/// A swap to a later mirror after an earlier one could not be asked: worth a warning, since
+/// that mirror may be down. An earlier mirror that lacks the image is the walk working as meant.
+fn earlier_failures(
+    image: &str,
+    swapped: &str,
+    failures: &[(String, Failure)],
+    policy: &Policy,
+) -> Option<Note> {
+    let failed: Vec<String> = failures
+        .iter()
+        .filter(|(_, failure)| matches!(failure, Failure::LookupError(_)))
+        .map(|(lookup, failure)| format!("{}: {}", quote(lookup), failure.text(policy)))
+        .collect();
+    (!failed.is_empty()).then(|| {
+        Note::new(
+            Reason::EarlierMirrorFailed,
+            format!(
+                "image {}: swapped to {}, a later mirror of its list: {}",
+                quote(image),
+                quote(swapped),
+                failed.join("; ")
+            ),
+        )
+    })
+}
+
+/// No mirror serves the image: one note that names each mirror's outcome. Any lookup error
+/// makes it `onLookupError`'s case (a mirror that could not be asked may hold the image);
+/// otherwise `onMissing`'s; a mirror the Pod cannot pull from keeps the image whatever they say.
+fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> Decision {
+    let worst = failures
+        .iter()
+        .map(|(_, failure)| failure.reason())
+        .max_by_key(|reason| match reason {
+            Reason::Budget | Reason::LookupError => 3,
+            Reason::Stale => 2,
+            Reason::Absent => 1,
+            _ => 0,
+        })
+        .unwrap_or(Reason::Absent);
+    let (action, setting) = match worst {
+        Reason::Budget | Reason::LookupError => (policy.on_lookup_error, "onLookupError"),
+        Reason::Stale | Reason::Absent => (policy.on_missing, "onMissing"),
+        _ => (Fallback::Keep, ""),
+    };
+    let (to, text) = match &failures[..] {
+        [(lookup, failure)] => (quote(lookup), failure.text(policy)),
+        several => (
+            format!("any of {} mirrors", several.len()),
+            several
+                .iter()
+                .map(|(lookup, failure)| format!("{}: {}", quote(lookup), failure.text(policy)))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+    };
+    let mirrors = match &failures[..] {
+        [_] | [] => Vec::new(),
+        several => several
+            .iter()
+            .map(|(lookup, failure)| (lookup.clone(), failure.reason()))
+            .collect(),
+    };
+    let note = |text: String| Note {
+        reason: worst,
+        text,
+        mirrors: mirrors.clone(),
+    };
+    match action {
+        Fallback::Keep => Decision::Keep(note(format!(
+            "image {}: kept, not swapped to {to}: {text}",
+            quote(image)
+        ))),
+        Fallback::Reject => Decision::Reject(note(format!(
+            "image {}: cannot be swapped to {to}: {text}; {setting} is reject",
+            quote(image)
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use super::super::{Decision, PullSecrets, Reason, decide, decide_routed, route};
+    use crate::registry::LookupError;
+    use rstest::rstest;
+
+    /// Docker Hub to an EU mirror (with a pull secret), then a US one.
+    const TWO: &str = r#""mirrors":[{"source":"docker.io","targets":[
+        {"target":"eu.m.io/hub","pullSecret":"eu-pull"},{"target":"us.m.io/hub"}]}]"#;
+    const EU: &str = "eu.m.io/hub/library/nginx:1.27";
+    const US: &str = "us.m.io/hub/library/nginx:1.27";
+
+    fn absent() -> Result<&'static str, LookupError> {
+        Err(LookupError::Absent(
+            "registry: manifest unknown".to_string(),
+        ))
+    }
+
+    fn refused() -> Result<&'static str, LookupError> {
+        Err(LookupError::Failed("connection refused".to_string()))
+    }
+
+    fn outcome(decision: &Decision) -> String {
+        match decision {
+            Decision::Swap {
+                image,
+                pull_secret,
+                note,
+            } => format!(
+                "swap {image} secret {pull_secret:?}{}",
+                note.as_ref()
+                    .map(|n| format!(" warning {:?}: {}", n.reason, n.text))
+                    .unwrap_or_default()
+            ),
+            Decision::Keep(note) => format!("keep {:?}: {}", note.reason, note.text),
+            Decision::Reject(note) => format!("reject {:?}: {}", note.reason, note.text),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::first_holds_it(
+        "",
+        Ok(DIGEST_A),
+        absent(),
+        "swap eu.m.io/hub/library/nginx:1.27@sha256:aaaa",
+        1
+    )]
+    #[case::first_pruned_second_holds_it(
+        "",
+        absent(),
+        Ok(DIGEST_B),
+        "swap us.m.io/hub/library/nginx:1.27@sha256:bbbb",
+        2
+    )]
+    #[case::first_refusing_second_holds_it(
+        "",
+        refused(),
+        Ok(DIGEST_B),
+        &format!("swap {US}@{DIGEST_B} secret None warning EarlierMirrorFailed: image \"nginx:1.27\": swapped to \"{US}@{DIGEST_B}\", a later mirror of its list: \"{EU}\": could not look it up (connection refused)"),
+        2
+    )]
+    #[case::neither_holds_it(
+        "",
+        absent(),
+        absent(),
+        &format!("keep Absent: image \"nginx:1.27\": kept, not swapped to any of 2 mirrors: \"{EU}\": the mirror does not have it (registry: manifest unknown); \"{US}\": the mirror does not have it (registry: manifest unknown)"),
+        2
+    )]
+    #[case::neither_holds_it_rejected(
+        r#","onMissing":"reject""#,
+        absent(),
+        absent(),
+        "reject Absent: image \"nginx:1.27\": cannot be swapped to any of 2 mirrors:",
+        2
+    )]
+    #[case::one_absent_one_erroring_is_a_lookup_error(
+        r#","onMissing":"reject""#,
+        absent(),
+        refused(),
+        &format!("keep LookupError: image \"nginx:1.27\": kept, not swapped to any of 2 mirrors: \"{EU}\": the mirror does not have it (registry: manifest unknown); \"{US}\": could not look it up (connection refused)"),
+        2
+    )]
+    #[case::one_absent_one_erroring_rejected(
+        r#","onLookupError":"reject""#,
+        refused(),
+        absent(),
+        "reject LookupError: image \"nginx:1.27\": cannot be swapped to any of 2 mirrors:",
+        2
+    )]
+    fn the_first_mirror_that_holds_the_image_wins(
+        #[case] extra: &str,
+        #[case] eu: Result<&str, LookupError>,
+        #[case] us: Result<&str, LookupError>,
+        #[case] expected: &str,
+        #[case] lookups: usize,
+    ) {
+        let policy = policy_from(&format!("{{{TWO}{extra}}}"));
+        let mut registry = FakeRegistry::default().with(EU, eu).with(US, us);
+        let outcome = outcome(&decide("nginx:1.27", &policy, &mut registry));
+        assert!(
+            outcome.starts_with(expected),
+            "{outcome}\n  should start with\n{expected}"
+        );
+        assert_eq!(registry.asked.len(), lookups, "{:?}", registry.asked);
+    }
+
+    #[test]
+    fn the_chosen_mirrors_pull_secret_goes_with_the_swap() {
+        let policy = policy_from(&format!("{{{TWO}}}"));
+        let mut registry = FakeRegistry::default().with(EU, Ok(DIGEST_A));
+        assert!(
+            outcome(&decide("nginx:1.27", &policy, &mut registry))
+                .ends_with("secret Some(\"eu-pull\")")
+        );
+    }
+
+    /// After creation the Pod cannot gain the EU mirror's secret: that mirror is skipped
+    /// without a lookup, and the next one serves.
+    #[test]
+    fn a_mirror_whose_secret_the_pod_cannot_gain_is_skipped_without_a_lookup() {
+        let policy = policy_from(&format!("{{{TWO}}}"));
+        let mut registry = FakeRegistry::default()
+            .with(EU, Ok(DIGEST_A))
+            .with(US, Ok(DIGEST_B));
+        let updating = PullSecrets {
+            can_add: false,
+            existing: &[],
+        };
+        let decision = decide_routed(
+            "nginx:1.27",
+            route("nginx:1.27", &policy),
+            &policy,
+            updating,
+            &mut registry,
+        );
+        assert!(
+            outcome(&decision).starts_with(&format!("swap {US}@{DIGEST_B} secret None")),
+            "{decision:?}"
+        );
+        assert_eq!(registry.asked, [US]);
+    }
+
+    #[test]
+    fn a_walk_the_budget_cuts_short_follows_on_lookup_error() {
+        struct Once(FakeRegistry);
+        impl crate::registry::Registry for Once {
+            fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+                match self.0.asked.len() {
+                    0 => self.0.manifest_digest(image),
+                    _ => Err(LookupError::OverBudget),
+                }
+            }
+            fn manifest(&mut self, image: &str) -> Result<crate::registry::Manifest, LookupError> {
+                self.0.manifest(image)
+            }
+        }
+        let policy = policy_from(&format!("{{{TWO}}}"));
+        let mut registry = Once(FakeRegistry::default().with(US, Ok(DIGEST_B)));
+        let decision = decide("nginx:1.27", &policy, &mut registry);
+        assert!(
+            matches!(&decision, Decision::Keep(note) if note.reason == Reason::Budget),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn kept_images_name_each_mirrors_reason() {
+        let policy = policy_from(&format!("{{{TWO}}}"));
+        let mut registry = FakeRegistry::default()
+            .with(EU, absent())
+            .with(US, refused());
+        let Decision::Keep(note) = decide("nginx:1.27", &policy, &mut registry) else {
+            panic!("kept");
+        };
+        assert_eq!(
+            note.mirrors,
+            [
+                (EU.to_string(), Reason::Absent),
+                (US.to_string(), Reason::LookupError)
+            ]
+        );
+    }
+
+    #[test]
+    fn default_mirror_registries_are_tried_in_order() {
+        let policy = policy_from(r#"{"defaultMirror":{"registries":["a.io/cache","b.io/cache"]}}"#);
+        let mut registry =
+            FakeRegistry::default().with("b.io/cache/docker.io/library/nginx:1.27", Ok(DIGEST_B));
+        let outcome = outcome(&decide("nginx:1.27", &policy, &mut registry));
+        assert!(
+            outcome.starts_with(&format!(
+                "swap b.io/cache/docker.io/library/nginx:1.27@{DIGEST_B}"
+            )),
+            "{outcome}"
+        );
+        assert_eq!(registry.asked.len(), 2);
+    }
+
+    #[test]
+    fn swap_policy_always_takes_the_first_mirror_without_a_lookup() {
+        let policy = policy_from(&format!(r#"{{{TWO},"swapPolicy":"always"}}"#));
+        let mut registry = FakeRegistry::default();
+        assert!(
+            outcome(&decide("nginx:1.27", &policy, &mut registry))
+                .starts_with(&format!("swap {EU} secret"))
+        );
+        assert!(registry.asked.is_empty());
+    }
+
+    #[test]
+    fn an_image_under_any_mirror_of_the_list_is_already_swapped() {
+        let policy = policy_from(&format!("{{{TWO}}}"));
+        let mut registry = FakeRegistry::default();
+        assert_eq!(
+            decide(&format!("{US}@{DIGEST_B}"), &policy, &mut registry),
+            Decision::AlreadySwapped
+        );
+        assert!(registry.asked.is_empty());
+    }
+}
