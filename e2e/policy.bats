@@ -76,3 +76,15 @@ load helpers
 @test "two spellings of one mirror registry (default port) are refused as one target" {
   check_case targets-one-registry-two-spellings
 }
+
+@test "ordered mirrors: the first pruned, the second holding the image: swapped to the second" {
+  check_case ordered-first-pruned
+}
+
+@test "ordered mirrors: the first refusing connections: swapped to the second, with a warning naming the first" {
+  check_case ordered-first-refusing
+}
+
+@test "ordered mirrors: neither holds the image: onMissing, naming each mirror's outcome" {
+  check_case ordered-neither
+}
