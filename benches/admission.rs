@@ -256,7 +256,8 @@ fn main() {
         );
     }
     drop(registry);
-    distance(policy);
+    distance(policy, false);
+    distance(policy, true);
     concurrency();
 }
 
@@ -269,11 +270,16 @@ fn distant_mirror(name: &str, n: usize) -> TestRegistry {
     mirror
 }
 
-fn pod_payload(host: &str, images: impl Iterator<Item = usize>) -> Vec<u8> {
+/// A Pod of `app{i}:1` images; `targets` are the mirror hosts, tried in order.
+fn pod_payload(targets: &[&str], images: impl Iterator<Item = usize>) -> Vec<u8> {
     let containers: Vec<Value> = images
         .map(|i| json!({"name": format!("c{i}"), "image": format!("app{i}:1")}))
         .collect();
-    let settings = json!({"mirrors": [{"source": "docker.io", "target": format!("{host}/bench")}]});
+    let targets: Vec<Value> = targets
+        .iter()
+        .map(|host| json!({"target": format!("{host}/bench")}))
+        .collect();
+    let settings = json!({"mirrors": [{"source": "docker.io", "targets": targets}]});
     json!({"settings": settings, "request": rig::pod_request("CREATE", json!({"containers": containers}))})
         .to_string()
         .into_bytes()
@@ -291,22 +297,34 @@ fn swapped_images(answer: &rig::Response) -> usize {
 }
 
 /// One admission at a time, the mirror at a distance (two round trips per connection, one per
-/// request: four per lookup), the default budget of 800 ms.
-fn distance(policy: &WasmPolicy) {
+/// request: four per lookup), the default budget of 800 ms. With `walk`, the rule lists two
+/// mirrors at that distance and the first lacks every image: each image costs two lookups.
+fn distance(policy: &WasmPolicy, walk: bool) {
     const RUNS: usize = 3;
+    let what = if walk {
+        "two mirrors in order, the first lacking every image"
+    } else {
+        "one mirror"
+    };
     println!(
-        "\nregistry distance (round trip added to every connection and request; a lookup is four round trips), default lookup budget 800 ms, fresh instance, median of {RUNS}"
+        "\nregistry distance, {what} (round trip added to every connection and request; a lookup is four round trips), default lookup budget 800 ms, fresh instance, median of {RUNS}"
     );
     println!(
         "| round trip ms | distinct images | lookups made | images swapped | ms per admission |"
     );
     println!("|---:|---:|---:|---:|---:|");
     let mirror = distant_mirror("distance", 30);
+    let empty = TestRegistry::start("distance-empty").expect("registry (make deps)");
     for round_trip in DISTANCES_MS {
-        let proxy =
-            LatencyProxy::start(&mirror.host, Duration::from_millis(round_trip)).expect("proxy");
+        let delay = Duration::from_millis(round_trip);
+        let proxy = LatencyProxy::start(&mirror.host, delay).expect("proxy");
+        let empty_proxy = LatencyProxy::start(&empty.host, delay).expect("proxy");
+        let targets: Vec<&str> = match walk {
+            true => vec![&empty_proxy.host, &proxy.host],
+            false => vec![&proxy.host],
+        };
         for images in [1, 5, 30] {
-            let payload = pod_payload(&proxy.host, 0..images);
+            let payload = pod_payload(&targets, 0..images);
             let mut times = Vec::new();
             let (mut lookups, mut swapped) = (0, 0);
             for _ in 0..RUNS {
@@ -367,7 +385,8 @@ fn concurrency() {
                             if a + 1 >= FRESH_POOL + 2 {
                                 break;
                             }
-                            let payload = pod_payload(&proxy_host, [0, 1, a, a + 1].into_iter());
+                            let payload =
+                                pod_payload(&[proxy_host.as_str()], [0, 1, a, a + 1].into_iter());
                             let shared: SharedHost = Arc::new(Mutex::new(host.clone()));
                             let started = Instant::now();
                             let evaluation = policy.call("validate", &payload, shared);
