@@ -160,6 +160,10 @@ fn a_near_and_a_far_mirror_each_predicted_from_its_own_timing() {
         "the evaluation ran {evaluation} ms: {summary}"
     );
     let lookups = host.lock().unwrap().lookups();
+    eprintln!(
+        "near mirror 20 ms, far mirror 100 ms away: the evaluation ran {evaluation} ms, {} lookups: {lookups:?}",
+        lookups.len()
+    );
     assert!(
         lookups[1].contains(&far.host),
         "the far mirror is asked second, while the budget is fresh: {lookups:?}"

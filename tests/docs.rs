@@ -1,0 +1,175 @@
+//! The user pages: the README stays a first page, every relative link of the README and docs/
+//! resolves, the README's sample output is what the command it names prints, and no page speaks
+//! of how the policy was developed (issue numbers).
+
+mod rig;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The README is the policy's Artifact Hub page (`kwctl annotate -u README.md`).
+const README_MAX_BYTES: usize = 12 * 1024;
+
+fn pages() -> Vec<PathBuf> {
+    let mut pages = vec![
+        rig::root().join("README.md"),
+        rig::root().join("CHANGELOG.md"),
+    ];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(rig::root().join("docs"))
+        .expect("docs/")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    pages
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The text outside fenced code blocks.
+fn prose(text: &str) -> String {
+    let mut fenced = false;
+    text.lines()
+        .filter(|line| {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The targets of `[text](target)` links.
+fn links(text: &str) -> Vec<String> {
+    let mut links = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("](") {
+        rest = &rest[at + 2..];
+        if let Some(end) = rest.find(')') {
+            links.push(rest[..end].to_string());
+            rest = &rest[end..];
+        }
+    }
+    links
+}
+
+/// GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as '-'.
+fn anchors(text: &str) -> BTreeSet<String> {
+    prose(text)
+        .lines()
+        .filter_map(|line| line.strip_prefix('#'))
+        .map(|heading| {
+            heading
+                .trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_stays_a_first_page() {
+    let size = read(&rig::root().join("README.md")).len();
+    assert!(
+        size <= README_MAX_BYTES,
+        "README.md is {size} bytes; keep it under {README_MAX_BYTES} and move the rest to docs/"
+    );
+}
+
+#[test]
+fn every_relative_link_resolves() {
+    let mut checked = 0;
+    for page in pages() {
+        let text = read(&page);
+        let dir = page.parent().expect("a page has a folder");
+        for link in links(&prose(&text)) {
+            if link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            let (file, anchor) = link.split_once('#').unwrap_or((&link, ""));
+            let target = if file.is_empty() {
+                page.clone()
+            } else {
+                dir.join(file)
+            };
+            assert!(
+                target.exists(),
+                "{}: link {link:?}: no {}",
+                page.display(),
+                target.display()
+            );
+            if !anchor.is_empty() {
+                let headings = anchors(&read(&target));
+                assert!(
+                    headings.contains(anchor),
+                    "{}: link {link:?}: no heading #{anchor} in {} ({headings:?})",
+                    page.display(),
+                    target.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} links checked");
+}
+
+#[test]
+fn no_page_names_an_issue_of_this_repository() {
+    for page in pages() {
+        let text = read(&page).to_lowercase();
+        assert!(
+            !text.contains("issue #") && !text.contains("/issues/"),
+            "{}: user pages speak of the policy, not of how it was developed",
+            page.display()
+        );
+    }
+}
+
+/// Millisecond figures vary from run to run; everything else must be what `make run` prints.
+fn without_timings(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("Milliseconds\":") {
+        let (head, tail) = rest.split_at(at + "Milliseconds\":".len());
+        out.push_str(head);
+        out.push('N');
+        rest = tail.trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The README shows what `make run` prints: `cargo run --example run`, whose binary `cargo
+/// test` builds with the tests.
+#[test]
+fn the_readmes_sample_output_is_what_make_run_prints() {
+    let readme = read(&rig::root().join("README.md"));
+    let after = readme
+        .split_once("`make run` answers as")
+        .map(|(_, after)| after)
+        .expect("the README introduces make run's output");
+    let sample = after
+        .split_once("```text\n")
+        .and_then(|(_, block)| block.split_once("```"))
+        .map(|(block, _)| block)
+        .expect("a text block after the introduction");
+    rig::policy(); // the module is fresh: the example runs it
+    let example = rig::root().join("target/debug/examples/run");
+    let output = Command::new(&example)
+        .current_dir(rig::root())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (cargo test builds it)", example.display()));
+    assert!(output.status.success(), "{output:?}");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(without_timings(sample), without_timings(&printed));
+}
