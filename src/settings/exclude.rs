@@ -7,8 +7,7 @@
 
 use crate::reference::{DOCKER_HUB, looks_like_registry_host};
 
-/// Docker Hub's other names: normalised references always say `docker.io`.
-const DOCKER_HUB_ALIASES: [&str; 2] = ["index.docker.io", "registry-1.docker.io"];
+use super::prefix::DOCKER_HUB_ALIASES;
 
 /// The spelling of `pattern` that matches what it was meant to, when `pattern` itself can never
 /// match a normalised reference; `None` when it can.

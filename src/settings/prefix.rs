@@ -4,8 +4,9 @@
 use crate::reference::{self, is_domain, is_path_component, looks_like_registry_host};
 use crate::rules::Prefix;
 
-/// Docker Hub's other names for its registry.
-const DOCKER_HUB_ALIASES: [&str; 2] = ["index.docker.io", "registry-1.docker.io"];
+/// Docker Hub's other names for its registry: normalised references, and targets as the
+/// runtime resolves them, always say `docker.io`.
+pub(super) const DOCKER_HUB_ALIASES: [&str; 2] = ["index.docker.io", "registry-1.docker.io"];
 
 /// `host[:port][/path]`: a registry host runtimes read as a host, and lower-case path segments.
 pub(super) fn parse_prefix(field: &str, value: &str) -> Result<Prefix, String> {
