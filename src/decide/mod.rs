@@ -169,8 +169,9 @@ impl PullSecrets<'_> {
         existing: &[],
     };
 
-    fn allow(&self, secret: Option<&str>) -> bool {
-        self.can_add || secret.is_none_or(|secret| self.existing.iter().any(|e| e == secret))
+    /// Whether the Pod can pull with `secret`: it has it, or it can still gain it.
+    fn allow(&self, secret: &str) -> bool {
+        self.can_add || self.existing.iter().any(|e| e == secret)
     }
 }
 

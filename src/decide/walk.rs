@@ -82,7 +82,7 @@ pub(super) fn decide_mirror(
     for target in &destination.targets {
         let pull_secret = target.pull_secret.map(str::to_string);
         let attempt = match pull_secret.as_deref() {
-            Some(secret) if !secrets.allow(Some(secret)) => Err((
+            Some(secret) if !secrets.allow(secret) => Err((
                 tagged(&target.repository, reference),
                 Failure::NoPullSecret(format!(
                     "that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation"
