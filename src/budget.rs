@@ -9,9 +9,9 @@
 //! door and a registry behind a token server on another continent differ tenfold. A registry
 //! not yet asked is predicted at the slowest lookup so far on any registry, and at no less than
 //! a quarter of the budget (200 ms by default, four round trips to a registry 50 ms away): small
-//! enough that `verifySource` can plan an image's first sequence (the mirror, then the source
-//! twice and the mirror again) before any registry has been timed, large enough that a distant
-//! registry is not started at the end of the budget on a near one's timing. The admission asks
+//! enough that `verifySource` can plan an image's first step (the mirror's digest, then the
+//! source's) with room for the steps that may follow, large enough that a distant registry is
+//! not started at the end of the budget on a near one's timing. The admission asks
 //! the first image of each registry first (`pod`), so that this floor is needed only while the
 //! budget is fresh.
 //!
@@ -399,8 +399,8 @@ pub mod tests {
         assert_eq!(made, ["near.io", "far.io", "near.io", "near.io", "near.io"]);
     }
 
-    /// `verifySource` asks before a sequence whether all of it fits: nothing measured, the first
-    /// lookup is free and two unknown registries cost a quarter of the budget each.
+    /// A sequence (verifySource's first step) starts only when all of it fits: nothing
+    /// measured, the first lookup is free and an unknown registry costs a quarter of the budget.
     #[test]
     fn a_sequence_starts_only_when_all_of_it_is_likely_to_fit() {
         let clock = FakeClock::default();

@@ -60,6 +60,11 @@ const TEXT_MAX: usize = 300;
 ///   error 111)`).
 pub fn read_host_error(text: &str) -> LookupError {
     let text = strip_prefixes(text);
+    if let Some(capability) = denied_capability(text) {
+        return LookupError::Failed(format!(
+            "policy-server did not grant this policy the host capability {capability:?}: grant it in PolicyServer spec.namespacedPoliciesCapabilities (a namespaced AdmissionPolicy), or in the policy's hostCapabilities in policies.yml (a policy-server run by hand); cluster-wide policies are granted every capability"
+        ));
+    }
     // The backtrace is for the host's developers, never for a kubectl user.
     let text = text
         .find("\nStack backtrace:")
@@ -111,6 +116,20 @@ fn strip_prefixes(text: &str) -> &str {
     let text = text.strip_prefix("Host error: ").unwrap_or(text);
     text.strip_prefix("Callback evaluation failure: ")
         .unwrap_or(text)
+}
+
+/// The capability policy-server 1.35 refused, from its text `Policy has not been granted
+/// access to the 'oci/v1/manifest_digest' host capability.` (policy-server 1.35 checks every
+/// host call against the policy's allow-list; see KUBEWARDEN.md). Matched wherever it stands
+/// in the text, since the host may wrap it.
+fn denied_capability(text: &str) -> Option<&str> {
+    const START: &str = "has not been granted access to the '";
+    let rest = &text[text.find(START)? + START.len()..];
+    let (capability, after) = rest.split_once('\'')?;
+    after
+        .starts_with(" host capability")
+        .then_some(capability)
+        .filter(|c| !c.is_empty() && c.len() <= 100 && !c.contains(char::is_whitespace))
 }
 
 /// The entries of anyhow's `Caused by:` list: `    cause` for one, `    N: cause` for several.
@@ -295,6 +314,16 @@ mod tests {
         "Fail to interact with OCI registry: Server error: url https://auth.m.io/token?scope=x, code: 404, message: ",
         false,
         "HTTP 404 from https://auth.m.io/token?scope=x"
+    )]
+    #[case::a_capability_policy_server_1_35_did_not_grant(
+        "Policy has not been granted access to the 'oci/v1/manifest_digest' host capability.",
+        false,
+        "policy-server did not grant this policy the host capability \"oci/v1/manifest_digest\": grant it in PolicyServer spec.namespacedPoliciesCapabilities (a namespaced AdmissionPolicy), or in the policy's hostCapabilities in policies.yml (a policy-server run by hand); cluster-wide policies are granted every capability"
+    )]
+    #[case::a_capability_refusal_in_the_hosts_wrapping(
+        &format!("Callback evaluation failure: Policy has not been granted access to the 'oci/v1/oci_manifest' host capability.{BACKTRACE}"),
+        false,
+        "policy-server did not grant this policy the host capability \"oci/v1/oci_manifest\": grant it in PolicyServer spec.namespacedPoliciesCapabilities (a namespaced AdmissionPolicy), or in the policy's hostCapabilities in policies.yml (a policy-server run by hand); cluster-wide policies are granted every capability"
     )]
     fn host_texts_become_one_readable_line(
         #[case] text: &str,

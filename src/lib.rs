@@ -73,17 +73,20 @@ fn validate_settings(payload: &[u8]) -> CallResult {
 }
 
 fn respond(outcome: Outcome) -> CallResult {
-    let (accepted, message, mutated_object) = match outcome.verdict {
-        Verdict::Accept => (true, None, None),
-        Verdict::Mutate(object) => (true, None, Some(object)),
-        Verdict::Reject(message) => (false, Some(message), None),
+    let (accepted, message, code, mutated_object) = match outcome.verdict {
+        Verdict::Accept => (true, None, None, None),
+        Verdict::Mutate(object) => (true, None, None, Some(object)),
+        Verdict::Reject(message) => (false, Some(message), None, None),
+        // Kubewarden's audit scanner reports a rejection with code 500 as an `error`, not a
+        // `fail`: the policy could not find out.
+        Verdict::Error(message) => (false, Some(message), Some(500), None),
     };
     let audit = outcome.audit;
     let warnings = outcome.warnings;
     let response = ValidationResponse {
         accepted,
         message,
-        code: None,
+        code,
         mutated_object,
         audit_annotations: (!audit.is_empty()).then(|| audit.into_iter().collect()),
         warnings: (!warnings.is_empty()).then_some(warnings),

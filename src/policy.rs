@@ -10,6 +10,8 @@ use crate::rules::Router;
 /// The settings, validated and ready for decisions.
 #[derive(Debug, Clone)]
 pub struct Policy {
+    /// Swap images at admission, or only check that the mirror images a Pod names are there.
+    pub action: Action,
     pub router: Router,
     pub swap_policy: SwapPolicy,
     /// Tag references: also require the mirror's content to be the source's.
@@ -22,6 +24,18 @@ pub struct Policy {
     pub on_lookup_error: Fallback,
     /// All the lookups of one admission together, in milliseconds.
     pub lookup_budget_ms: u64,
+}
+
+/// The module's two roles, one setting apart so that operators copy one block of settings.
+#[derive(Deserialize, Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Action {
+    /// Rewrite images to the mirror (the mutating policy).
+    #[default]
+    Swap,
+    /// Rewrite nothing; refuse a Pod whose mirror images the mirror no longer holds (the
+    /// policy the audit scanner replays running Pods through, or a validating one).
+    Check,
 }
 
 #[derive(Deserialize, Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -21,6 +21,9 @@ use std::fmt;
 
 /// The registry that names without a registry host refer to.
 pub const DOCKER_HUB: &str = "docker.io";
+/// Docker Hub's other names for its registry: normalised references, and targets as the
+/// runtime resolves them, always say `docker.io`.
+pub const DOCKER_HUB_ALIASES: [&str; 2] = ["index.docker.io", "registry-1.docker.io"];
 const DOCKER_HUB_LEGACY: &str = "index.docker.io";
 const DOCKER_HUB_OFFICIAL: &str = "library";
 const DEFAULT_TAG: &str = "latest";

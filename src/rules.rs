@@ -5,7 +5,9 @@
 //! [`Router`]; `decide` asks it where an image goes. Data flows one way: settings -> rules.
 
 use crate::glob::Glob;
-use crate::reference::{NAME_MAX_LEN, Reference, is_path_component};
+use crate::reference::{
+    DOCKER_HUB, DOCKER_HUB_ALIASES, NAME_MAX_LEN, Reference, is_path_component,
+};
 
 /// A registry host with an optional path, e.g. `mirror.example.com/dockerhub`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +42,13 @@ impl Prefix {
         other.strip_from(&self.0).is_some()
     }
 
+    /// This prefix as a container runtime resolves it, for comparing: the default ports (`:443`
+    /// for HTTPS, `:80` for a plain-HTTP registry) dropped and Docker Hub's names made one, so
+    /// that two spellings of one registry compare equal. Messages keep the spelling written.
+    pub fn resolved(&self) -> Prefix {
+        Prefix(resolved_name(&self.0))
+    }
+
     pub fn join(&self, rest: &str) -> String {
         let mut joined = String::with_capacity(self.0.len() + 1 + rest.len());
         joined.push_str(&self.0);
@@ -48,6 +57,27 @@ impl Prefix {
             joined.push_str(rest);
         }
         joined
+    }
+}
+
+/// `host[:port][/path]` as a runtime resolves it (see [`Prefix::resolved`]).
+fn resolved_name(name: &str) -> String {
+    let (host, path) = match name.split_once('/') {
+        Some((host, path)) => (host, Some(path)),
+        None => (name, None),
+    };
+    let host = host
+        .strip_suffix(":443")
+        .or_else(|| host.strip_suffix(":80"))
+        .unwrap_or(host);
+    let host = if DOCKER_HUB_ALIASES.contains(&host) {
+        DOCKER_HUB
+    } else {
+        host
+    };
+    match path {
+        Some(path) => format!("{host}/{path}"),
+        None => host.to_string(),
     }
 }
 
@@ -78,6 +108,8 @@ pub struct Router {
     pub default_mirrors: Vec<Prefix>,
     /// Every target, so that an image already swapped is recognised and left alone.
     pub targets: Vec<Prefix>,
+    /// The same, as runtimes resolve them: an image under `m.io:443/hub` is under `m.io/hub`.
+    resolved_targets: Vec<Prefix>,
     pub exclude: Vec<Glob>,
 }
 
@@ -136,22 +168,34 @@ impl Router {
             .iter()
             .flat_map(|r| r.targets.iter().map(|t| t.prefix.clone()))
             .chain(default_mirrors.iter().cloned())
-            .collect();
+            .collect::<Vec<Prefix>>();
+        let resolved_targets = targets.iter().map(Prefix::resolved).collect();
         Router {
             rules,
             default_mirrors,
             targets,
+            resolved_targets,
             exclude,
         }
     }
 
+    /// The target `reference` lies under, in any spelling a runtime resolves to it (default
+    /// ports, Docker Hub's names), as the settings wrote it: the image is a mirror image.
+    pub fn target_of(&self, reference: &Reference) -> Option<&Prefix> {
+        let name = reference.name();
+        if let Some(target) = self.targets.iter().find(|t| t.strip_from(name).is_some()) {
+            return Some(target);
+        }
+        let resolved = resolved_name(name);
+        self.resolved_targets
+            .iter()
+            .position(|t| t.strip_from(&resolved).is_some())
+            .and_then(|at| self.targets.get(at))
+    }
+
     pub fn route(&self, reference: &Reference) -> Route<'_> {
         let name = reference.name();
-        if self
-            .targets
-            .iter()
-            .any(|target| target.strip_from(name).is_some())
-        {
+        if self.target_of(reference).is_some() {
             return Route::AlreadySwapped;
         }
         if let Some(glob) = self

@@ -1,8 +1,10 @@
 //! The decision for one image: the table of DESIGN.md as one pure function over [`Registry`].
 //!
 //! `decide` routes the image and looks it up in the mirror; `verify_source` compares the
-//! mirror's copy with the source when `verifySource` asks for it.
+//! mirror's copy with the source when `verifySource` asks for it. `check` is the check role's
+//! decision, which shares routing and lookups and nothing else.
 
+pub mod check;
 mod verify_source;
 mod walk;
 
@@ -58,6 +60,9 @@ pub struct Note {
     pub text: String,
     /// When a rule lists several mirrors and none served: each mirror tried, and why not.
     pub mirrors: Vec<(String, Reason)>,
+    /// What a comparison the budget cut short had learned (`verifySource`: the two digests,
+    /// which differ), for the one message that names the budget's images.
+    pub learned: Option<String>,
 }
 
 impl Note {
@@ -66,6 +71,7 @@ impl Note {
             reason,
             text,
             mirrors: Vec::new(),
+            learned: None,
         }
     }
 }

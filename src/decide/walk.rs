@@ -21,8 +21,12 @@ enum Failure {
     Stale(String),
     /// `onLookupError`: the answer could not be had or could not be trusted.
     LookupError(String),
-    /// `onLookupError`: the lookup (or comparison) was not made within the budget.
-    Budget(&'static str),
+    /// `onLookupError`: the lookup (or comparison) was not made within the budget: what was
+    /// not done, and, for a comparison cut short, the digests that were learned to differ.
+    Budget {
+        not_done: &'static str,
+        digests: Option<String>,
+    },
     /// Kept whatever the settings say: the Pod cannot gain the secret this mirror needs.
     NoPullSecret(String),
 }
@@ -36,18 +40,23 @@ impl From<LookupError> for Failure {
             LookupError::Failed(why) => {
                 Failure::LookupError(format!("could not look it up ({why})"))
             }
-            LookupError::OverBudget => Failure::Budget("not looked up"),
+            LookupError::OverBudget => Failure::NOT_LOOKED_UP,
         }
     }
 }
 
 impl Failure {
+    const NOT_LOOKED_UP: Failure = Failure::Budget {
+        not_done: "not looked up",
+        digests: None,
+    };
+
     fn reason(&self) -> Reason {
         match self {
             Failure::Missing(_) => Reason::Absent,
             Failure::Stale(_) => Reason::Stale,
             Failure::LookupError(_) => Reason::LookupError,
-            Failure::Budget(_) => Reason::Budget,
+            Failure::Budget { .. } => Reason::Budget,
             Failure::NoPullSecret(_) => Reason::NoPullSecret,
         }
     }
@@ -58,12 +67,25 @@ impl Failure {
             | Failure::Stale(text)
             | Failure::LookupError(text)
             | Failure::NoPullSecret(text) => text.clone(),
-            Failure::Budget(what) => format!(
-                "{what}: the lookup budget of {} ms was spent",
-                policy.lookup_budget_ms
-            ),
+            Failure::Budget { not_done, digests } => {
+                let learned = digests
+                    .as_deref()
+                    .map(differing_digests)
+                    .unwrap_or_default();
+                format!(
+                    "{not_done}{learned}: the lookup budget of {} ms was spent",
+                    policy.lookup_budget_ms
+                )
+            }
         }
     }
+}
+
+/// What a comparison cut short by the budget had learned, as a clause.
+fn differing_digests(digests: &str) -> String {
+    format!(
+        ", whose digest differs from the mirror's ({digests}), so their content must be compared"
+    )
 }
 
 /// One mirror's answer: the image to write (and what to tell), or why not, naming the
@@ -101,7 +123,7 @@ pub(super) fn decide_mirror(
             }
             // The budget cuts the walk short: the images it did not finish follow
             // onLookupError, like any image not looked up.
-            Err((lookup, failure @ Failure::Budget(_))) => {
+            Err((lookup, failure @ Failure::Budget { .. })) => {
                 return fallback(policy, image, vec![(lookup, failure)]);
             }
             Err(failure) => failures.push(failure),
@@ -146,12 +168,12 @@ fn try_mirror(
             }
         }
         (SwapPolicy::Exists, None) => {
-            // The whole sequence must be likely to fit before its first lookup: the mirror,
-            // the source, and the two manifests a mismatch needs.
-            if policy.verify_source
-                && !registry.affordable(&[&tagged, reference.as_str(), reference.as_str(), &tagged])
-            {
-                return Err((tagged, Failure::Budget("not looked up")));
+            // verifySource's first step is both digests, which conclude on their own in the
+            // usual cases (equal; the source down or without the tag): the mirror is asked only
+            // when the source's lookup is likely to fit after it. Later steps are planned when
+            // they are known to be needed (`check_source`).
+            if policy.verify_source && !registry.affordable(&[&tagged, reference.as_str()]) {
+                return Err((tagged, Failure::NOT_LOOKED_UP));
             }
             let mirror_digest = match verified_digest(registry, &tagged) {
                 Ok(digest) => digest,
@@ -185,8 +207,9 @@ fn try_mirror(
                         return Err((tagged, failure));
                     }
                     // The comparison was not made, so nothing says the copy is current.
-                    SourceCheck::OverBudget => {
-                        return Err((tagged, Failure::Budget("not compared with the source")));
+                    SourceCheck::OverBudget { digests } => {
+                        let not_done = "not compared with the source";
+                        return Err((tagged, Failure::Budget { not_done, digests }));
                     }
                 }
             } else {
@@ -265,10 +288,18 @@ fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> D
             .map(|(lookup, failure)| (lookup.clone(), failure.reason()))
             .collect(),
     };
+    let learned = failures.iter().find_map(|(_, failure)| match failure {
+        Failure::Budget {
+            digests: Some(digests),
+            ..
+        } => Some(digests.clone()),
+        _ => None,
+    });
     let note = |text: String| Note {
         reason: worst,
         text,
         mirrors: mirrors.clone(),
+        learned: learned.clone(),
     };
     match action {
         Fallback::Keep => Decision::Keep(note(format!(

@@ -96,11 +96,18 @@ pub(super) fn decide_all(
 /// predicted from its own registry's timing, whatever order the Pod names its registries in.
 /// The order is fixed by the Pod and the settings alone, so recorded lookups replay exactly.
 fn lookup_order(routed: &[(&str, Routed<'_>)], policy: &Policy) -> Vec<usize> {
+    first_of_each_registry(routed.iter().map(|(_, routed)| routed.first_hosts(policy)))
+}
+
+/// The indexes of `asks` (the registry hosts each decision asks first, in container order) in
+/// the order described at [`lookup_order`]; shared with the check role.
+pub(super) fn first_of_each_registry<'h>(
+    asks: impl IntoIterator<Item = Vec<&'h str>>,
+) -> Vec<usize> {
     let mut timed: BTreeSet<&str> = BTreeSet::new();
     let mut first = Vec::new();
     let mut rest = Vec::new();
-    for (index, (_, routed)) in routed.iter().enumerate() {
-        let hosts = routed.first_hosts(policy);
+    for (index, hosts) in asks.into_iter().enumerate() {
         if hosts.iter().any(|host| !timed.contains(host)) {
             timed.extend(hosts);
             first.push(index);

@@ -8,9 +8,14 @@
 //! 4. `record`: the original-images annotation;
 //! 5. `report`: warnings, the rejection message, audit annotations.
 //!
+//! The check role (`action: check`) runs steps 1, 2 (`checks`: one lookup per mirror image,
+//! within the same budget) and 5, and changes nothing. The swapping role answers the audit
+//! scanner's replay of a running Pod unchanged, without a lookup.
+//!
 //! `object` reads and writes the Pod, which stays JSON.
 
 mod candidates;
+mod checks;
 mod decisions;
 mod look_once;
 mod object;
@@ -27,20 +32,71 @@ use serde_json::Value;
 
 use crate::budget::{Budgeted, Clock};
 use crate::decide::Note;
-use crate::policy::Policy;
+use crate::policy::{Action, Policy};
 use crate::registry::Registry;
 
-use candidates::{CONTAINER_LISTS, EPHEMERAL_LIST, candidates};
+use candidates::{CONTAINER_LISTS, Candidate, EPHEMERAL_LIST, candidates};
+use checks::check_all;
 use decisions::decide_all;
 use object::{annotation, container_mut};
 use pull_secrets::{add_pull_secrets, pull_secret_names};
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};
-use report::{audit_annotations, capped, messages};
+use report::{audit_annotations, capped, check_outcome, messages};
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
 /// this API object, so changing its images would only misreport what runs.
 pub const STATIC_POD_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Whether `request` is Kubewarden's audit scanner replaying a running Pod rather than the API
+/// server admitting one. The scanner (kubewarden-controller v1.31 to v1.35,
+/// `internal/audit-scanner`) sends a CREATE whose `uid` is the Pod's own `metadata.uid` and
+/// whose `userInfo` is empty; the API server always names the requester and gives each request
+/// a uid of its own, and a Pod being created has no uid yet. Nothing else marks an audit.
+fn is_audit_scan(request: &KubernetesAdmissionRequest) -> bool {
+    request.user_info.username.is_empty()
+        && !request.uid.is_empty()
+        && request
+            .object
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            == Some(request.uid.as_str())
+}
+
+/// The containers an admission decides on: on update, only those whose image changed.
+fn changed_containers(
+    request: &KubernetesAdmissionRequest,
+    operation: Operation,
+) -> Vec<Candidate<'_>> {
+    let old = match operation {
+        Operation::Create => None,
+        _ => Some(&request.old_object),
+    };
+    let lists: &[&str] = match operation {
+        Operation::EphemeralContainers => &EPHEMERAL_LIST,
+        _ => &CONTAINER_LISTS,
+    };
+    candidates(&request.object, old, lists)
+}
+
+/// The check role: every container (on update, every changed one) whose image is a mirror
+/// image is looked up as a node would pull it. Static Pods' mirror Pods are checked too: their
+/// node pulls the same image.
+fn check(
+    request: &KubernetesAdmissionRequest,
+    operation: Operation,
+    policy: &Policy,
+    registry: &mut impl Registry,
+    clock: &impl Clock,
+) -> Outcome {
+    let candidates = changed_containers(request, operation);
+    let limit = Duration::from_millis(policy.lookup_budget_ms);
+    let mut budgeted = Budgeted::new(registry, clock, limit);
+    let checked = check_all(&candidates, policy, &mut budgeted);
+    let report = budgeted.report();
+    let originals = recorded_originals(&request.object);
+    check_outcome(&checked, &candidates, &originals, policy, &report)
+}
 
 /// What to answer the API server.
 #[derive(Debug, PartialEq)]
@@ -57,7 +113,10 @@ pub struct Outcome {
 pub enum Verdict {
     Accept,
     Mutate(Value),
+    /// Refused for what the policy found (the audit scanner's `fail`).
     Reject(String),
+    /// Refused because the policy could not find out (code 500: the audit scanner's `error`).
+    Error(String),
 }
 
 impl Outcome {
@@ -127,18 +186,18 @@ pub fn admit(
         ("UPDATE", "ephemeralcontainers") => Operation::EphemeralContainers,
         _ => return Outcome::unchanged(),
     };
+    match policy.action {
+        Action::Check => return check(&request, operation, policy, registry, clock),
+        // The scanner's answer is a report, never applied: a swap there changes nothing, and
+        // its lookups would queue every admission behind the host's lock (hundreds of Pods
+        // each hour).
+        Action::Swap if is_audit_scan(&request) => return Outcome::unchanged(),
+        Action::Swap => {}
+    }
     if annotation(&request.object, STATIC_POD_MIRROR_ANNOTATION).is_some() {
         return Outcome::unchanged();
     }
-    let old = match operation {
-        Operation::Create => None,
-        _ => Some(&request.old_object),
-    };
-    let lists: &[&str] = match operation {
-        Operation::EphemeralContainers => &EPHEMERAL_LIST,
-        _ => &CONTAINER_LISTS,
-    };
-    let candidates = candidates(&request.object, old, lists);
+    let candidates = changed_containers(&request, operation);
     if candidates.is_empty() {
         return Outcome::unchanged();
     }

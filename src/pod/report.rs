@@ -1,16 +1,21 @@
 //! The last step of an admission: what it tells people. Warnings and rejection messages for
-//! kubectl, audit annotations for the API server's audit log.
+//! kubectl, audit annotations for the API server's audit log; for the check role, the whole
+//! answer, whose message becomes the audit scanner's report.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
 use crate::budget::BudgetReport;
+use crate::decide::check::{MirrorImage, Presence};
 use crate::decide::{Note, Reason};
 use crate::policy::{Fallback, Policy};
+use crate::reference::Reference;
 use crate::text::{quote, truncated};
 
-use super::Verdicts;
+use super::candidates::Candidate;
+use super::checks::Checked;
+use super::{Outcome, Verdict, Verdicts};
 
 /// The warnings and the rejection reasons, one per distinct image, except that the images the
 /// budget left unlooked-up share one message that names the budget.
@@ -33,12 +38,12 @@ pub(super) fn messages(
         .filter(|entry| !over_budget(entry))
         .map(|(_, note)| note.text.clone())
         .collect();
-    let budget_images: Vec<&str> = verdicts
+    let budget_images: Vec<(&str, Option<&str>)> = verdicts
         .kept
         .iter()
         .chain(&verdicts.rejected)
         .filter(over_budget)
-        .map(|(image, _)| image.as_str())
+        .map(|(image, note)| (image.as_str(), note.learned.as_deref()))
         .collect();
     if !budget_images.is_empty() {
         let message = budget_message(&budget_images, policy.on_lookup_error, report);
@@ -54,9 +59,25 @@ pub(super) fn messages(
 /// (the slowest 406 ms); 28 images were not looked up or compared in time and kept as they
 /// were (onLookupError is keep): "a", "b", …". Both figures say what they measure: the budget
 /// counts the whole evaluation, as policy-server's timeout does; the lookups are their part.
-fn budget_message(images: &[&str], action: Fallback, report: &BudgetReport) -> String {
+/// An image whose `verifySource` comparison was cut short says what it had learned: "a" (its
+/// digest differs from the mirror's: source sha256:…, mirror sha256:…).
+fn budget_message(
+    images: &[(&str, Option<&str>)],
+    action: Fallback,
+    report: &BudgetReport,
+) -> String {
     const NAMED: usize = 5;
-    let mut named: Vec<String> = images.iter().take(NAMED).map(|i| quote(i)).collect();
+    let mut named: Vec<String> = images
+        .iter()
+        .take(NAMED)
+        .map(|(image, learned)| match learned {
+            Some(digests) => format!(
+                "{} (its digest differs from the mirror's: {digests})",
+                quote(image)
+            ),
+            None => quote(image),
+        })
+        .collect();
     if images.len() > NAMED {
         named.push(format!("and {} more", images.len() - NAMED));
     }
@@ -182,4 +203,146 @@ pub(super) fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
         items.push(format!("… and {more} more {what}"));
     }
     items
+}
+
+/// The check role's answer: accepted when every mirror image is there; rejected when any is
+/// gone (a finding: the report's `fail`), with one entry per container; rejected with code 500
+/// when none is gone but some could not be checked (the report's `error`: nothing is known).
+/// A Pod with findings and unchecked images is a finding, and its message names both.
+pub(super) fn check_outcome(
+    checked: &[Checked],
+    candidates: &[Candidate<'_>],
+    originals: &BTreeMap<String, String>,
+    policy: &Policy,
+    report: &BudgetReport,
+) -> Outcome {
+    if checked.is_empty() {
+        return Outcome::unchanged();
+    }
+    let container = |checked: &Checked| {
+        candidates
+            .get(checked.candidate)
+            .map(|c| format!("{} {}", c.list, quote(c.name)))
+            .unwrap_or_default()
+    };
+    let mut gone = Vec::new();
+    let mut not_checked = Vec::new();
+    let mut over_budget = Vec::new();
+    for entry in checked {
+        let Some(candidate) = candidates.get(entry.candidate) else {
+            continue;
+        };
+        let image = candidate.image;
+        match &entry.presence {
+            Presence::Present => {}
+            Presence::Gone(answer) => {
+                let original = originals
+                    .get(candidate.name)
+                    .filter(|original| policy.router.is_swap_of(original, image));
+                gone.push(format!(
+                    "{}: image {} is gone from the mirror (asked for {}, it answered: {answer}); {}",
+                    container(entry),
+                    quote(image),
+                    quote(&entry.image.lookup),
+                    what_to_do(original.map(String::as_str), &entry.image)
+                ));
+            }
+            Presence::NotChecked(why) => not_checked.push(format!(
+                "{}: image {} not checked: could not ask the mirror for {} ({why})",
+                container(entry),
+                quote(image),
+                quote(&entry.image.lookup)
+            )),
+            Presence::OverBudget => {
+                over_budget.push(format!("{} image {}", container(entry), quote(image)))
+            }
+        }
+    }
+    if !over_budget.is_empty() {
+        not_checked.push(format!(
+            "not checked in time, lookup budget of {} ms spent (the evaluation had run {} ms, {} ms of it in {} lookups): {}",
+            report.limit_ms(),
+            report.elapsed_ms(),
+            report.lookup_ms(),
+            report.lookups,
+            capped(over_budget, "containers").join(", ")
+        ));
+    }
+    let audit = check_audit(checked.len(), gone.len(), not_checked.len(), report);
+    let verdict = match (gone.len(), not_checked.is_empty()) {
+        (0, true) => Verdict::Accept,
+        (0, false) => Verdict::Error(format!(
+            "the Pod's mirror images could not all be checked: {}",
+            capped(not_checked, "containers").join("; ")
+        )),
+        (n, _) => {
+            let head = match n {
+                1 => "a mirror image the Pod runs is gone from the mirror: ".to_string(),
+                n => format!("{n} mirror images the Pod runs are gone from the mirror: "),
+            };
+            let mut message = head + &capped(gone, "containers").join("; ");
+            if !not_checked.is_empty() {
+                message.push_str("; also ");
+                message.push_str(&capped(not_checked, "containers").join("; "));
+            }
+            Verdict::Reject(message)
+        }
+    };
+    Outcome {
+        verdict,
+        warnings: Vec::new(),
+        audit,
+    }
+}
+
+/// What the operator can do about a mirror image that is gone: put it back (when the Pod's
+/// record names the image it was swapped from), or roll the workload out so that its new Pods
+/// are decided afresh (the swapping policy then keeps the source image, or swaps to what the
+/// mirror holds now).
+fn what_to_do(original: Option<&str>, image: &MirrorImage) -> String {
+    const ROLL_OUT: &str = "roll the workload out so that its new Pods are decided afresh";
+    let Some(refill) = original.and_then(|original| refill_command(original, image)) else {
+        return format!("{ROLL_OUT}, or refill the mirror from the image's source");
+    };
+    format!("refill the mirror ({refill}) or {ROLL_OUT}")
+}
+
+/// `skopeo copy --all --preserve-digests docker://SOURCE docker://MIRROR`: the very manifest the
+/// Pod pins when it pins one (the source's digest, which a copy with preserved digests shares),
+/// else the source's tag; to the mirror's tag, or, for a digest without a tag, to a tag named
+/// after the digest (the digest is what the kubelet pulls, and a copy needs a tag to push to).
+fn refill_command(original: &str, image: &MirrorImage) -> Option<String> {
+    let original = Reference::parse(original).ok()?;
+    let mirror = Reference::parse(&image.lookup).ok()?;
+    let source = match image.digest.as_deref().or(original.digest()) {
+        Some(digest) => format!("{}@{digest}", original.name()),
+        None => original.as_str().to_string(),
+    };
+    let destination = match (original.tag(), &image.digest) {
+        (Some(tag), _) => format!("{}:{tag}", mirror.name()),
+        (None, Some(digest)) => format!("{}:{}", mirror.name(), digest.replacen(':', "-", 1)),
+        (None, None) => mirror.as_str().to_string(),
+    };
+    Some(format!(
+        "skopeo copy --all --preserve-digests docker://{source} docker://{destination}"
+    ))
+}
+
+/// The check's figures for the API server's audit log.
+fn check_audit(
+    checked: usize,
+    gone: usize,
+    not_checked: usize,
+    report: &BudgetReport,
+) -> BTreeMap<String, String> {
+    let summary = json!({
+        "checked": checked,
+        "gone": gone,
+        "notChecked": not_checked,
+        "lookups": report.lookups,
+        "lookupMilliseconds": report.lookup_ms(),
+        "evaluationMilliseconds": report.elapsed_ms(),
+        "budgetMilliseconds": report.limit_ms(),
+    });
+    BTreeMap::from([("check".to_string(), summary.to_string())])
 }

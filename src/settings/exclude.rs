@@ -5,9 +5,7 @@
 //! would exclude nothing, and the images it was meant for would be swapped or even refused.
 //! Such a pattern is refused with the spelling that matches.
 
-use crate::reference::{DOCKER_HUB, looks_like_registry_host};
-
-use super::prefix::DOCKER_HUB_ALIASES;
+use crate::reference::{DOCKER_HUB, DOCKER_HUB_ALIASES, looks_like_registry_host};
 
 /// The spelling of `pattern` that matches what it was meant to, when `pattern` itself can never
 /// match a normalised reference; `None` when it can.

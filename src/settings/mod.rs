@@ -14,7 +14,7 @@ use kubewarden_policy_sdk::settings::Validatable;
 use serde::{Deserialize, Serialize};
 
 use crate::glob::Glob;
-use crate::policy::{Fallback, Platform, Policy, SwapPolicy};
+use crate::policy::{Action, Fallback, Platform, Policy, SwapPolicy};
 use crate::rules::Router;
 
 use exclude::matching_spelling;
@@ -33,6 +33,7 @@ pub const MAX_LOOKUP_BUDGET_MS: u64 = 28_000;
 #[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct Settings {
+    pub action: Action,
     pub mirrors: Vec<MirrorSetting>,
     pub default_mirror: Option<DefaultMirrorSetting>,
     pub swap_policy: SwapPolicy,
@@ -48,6 +49,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            action: Action::Swap,
             mirrors: Vec::new(),
             default_mirror: None,
             swap_policy: SwapPolicy::Exists,
@@ -117,6 +119,7 @@ impl Policy {
             return Err(errors.join("; "));
         }
         Ok(Policy {
+            action: settings.action,
             router: Router::new(rules, default_mirrors, exclude),
             swap_policy: settings.swap_policy,
             verify_source: settings.verify_source,

@@ -3,8 +3,6 @@
 
 use crate::rules::{Prefix, Rule};
 
-use super::prefix::resolved;
-
 /// One way into the mirror, for the one-to-one check: a rule, or `defaultMirror`, whose
 /// source is every name (`<registry>/<name>`).
 struct Mapping<'r> {
@@ -56,7 +54,7 @@ pub(super) fn check_one_to_one(
                 field,
                 source: Some(&rule.source),
                 target: &target.prefix,
-                resolved: resolved(&target.prefix),
+                resolved: target.prefix.resolved(),
             });
         }
     }
@@ -76,7 +74,7 @@ pub(super) fn check_one_to_one(
             target_field,
             source: None,
             target: registry,
-            resolved: resolved(registry),
+            resolved: registry.resolved(),
         });
     }
     for (i, inner) in mappings.iter().enumerate() {

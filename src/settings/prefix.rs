@@ -4,10 +4,6 @@
 use crate::reference::{self, is_domain, is_path_component, looks_like_registry_host};
 use crate::rules::Prefix;
 
-/// Docker Hub's other names for its registry: normalised references, and targets as the
-/// runtime resolves them, always say `docker.io`.
-pub(super) const DOCKER_HUB_ALIASES: [&str; 2] = ["index.docker.io", "registry-1.docker.io"];
-
 /// `host[:port][/path]`: a registry host runtimes read as a host, and lower-case path segments.
 pub(super) fn parse_prefix(field: &str, value: &str) -> Result<Prefix, String> {
     let (host, path) = match value.split_once('/') {
@@ -80,33 +76,10 @@ pub(super) fn is_secret_name(name: &str) -> bool {
         })
 }
 
-/// `prefix` as a container runtime resolves it, for comparing targets: the default ports (`:443`
-/// for HTTPS, `:80` for a plain-HTTP registry) dropped and Docker Hub's names made one, so that
-/// two spellings of one registry compare equal. Messages keep the spelling the operator wrote.
-pub(super) fn resolved(prefix: &Prefix) -> Prefix {
-    let (host, path) = match prefix.as_str().split_once('/') {
-        Some((host, path)) => (host, Some(path)),
-        None => (prefix.as_str(), None),
-    };
-    let host = host
-        .strip_suffix(":443")
-        .or_else(|| host.strip_suffix(":80"))
-        .unwrap_or(host);
-    let host = if DOCKER_HUB_ALIASES.contains(&host) {
-        reference::DOCKER_HUB
-    } else {
-        host
-    };
-    Prefix::new(match path {
-        Some(path) => format!("{host}/{path}"),
-        None => host.to_string(),
-    })
-}
-
 /// Whether a target is Docker Hub itself, without a path: runtimes read a one-segment name
 /// there as `library/<name>`, so `<source>/app` and `<source>/library/app` would meet.
 pub(super) fn is_bare_docker_hub(target: &Prefix) -> bool {
-    resolved(target).as_str() == reference::DOCKER_HUB
+    target.resolved().as_str() == reference::DOCKER_HUB
 }
 
 #[cfg(test)]
@@ -126,7 +99,7 @@ mod tests {
         #[case] resolved_as: &str,
     ) {
         assert_eq!(
-            resolved(&Prefix::new(written.to_string())).as_str(),
+            Prefix::new(written.to_string()).resolved().as_str(),
             resolved_as
         );
     }

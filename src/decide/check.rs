@@ -1,0 +1,150 @@
+//! The check role's decision for one image: whether the mirror still holds what a node would
+//! pull. Beside the swap's table because it shares routing (which images are mirror images)
+//! and the lookup interface, and nothing else: it never rewrites, so it needs no pinning, no
+//! source and no fallback settings.
+
+use crate::reference::Reference;
+use crate::registry::{LookupError, Registry};
+use crate::rules::Router;
+use crate::text::quote;
+
+use super::{joined, verified_digest};
+
+/// A mirror image, and the lookup that asks the mirror for exactly what a node pulls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MirrorImage {
+    /// `repository@digest` when the image names a digest (the kubelet pulls the digest, the
+    /// tag beside it is ignored), else `repository:tag`.
+    pub lookup: String,
+    pub digest: Option<String>,
+}
+
+/// The mirror image `image` names, when it lies under a configured target in any spelling a
+/// runtime resolves to it; `None` for every other image (no rule's business, or not a
+/// reference a runtime would pull, which no node can pull either).
+pub fn mirror_image(image: &str, router: &Router) -> Option<MirrorImage> {
+    let reference = Reference::parse(image).ok()?;
+    router.target_of(&reference)?;
+    let digest = reference.digest().map(str::to_string);
+    let lookup = match (&digest, reference.tag()) {
+        (Some(digest), _) => joined(reference.name(), '@', digest),
+        (None, Some(tag)) => joined(reference.name(), ':', tag),
+        (None, None) => reference.name().to_string(),
+    };
+    Some(MirrorImage { lookup, digest })
+}
+
+/// What the mirror said of a mirror image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// It holds it.
+    Present,
+    /// It said it lacks it: the mirror's words. A finding (the report's `fail`).
+    Gone(String),
+    /// It could not be asked, or its answer could not be trusted: why. Not a finding (the
+    /// report's `error`): nothing is known of the image.
+    NotChecked(String),
+    /// Not asked: the lookup budget would likely have run out first.
+    OverBudget,
+}
+
+/// Asks the mirror for `image.lookup`.
+pub fn check(image: &MirrorImage, registry: &mut impl Registry) -> Presence {
+    match verified_digest(registry, &image.lookup) {
+        Ok(answer) => match &image.digest {
+            Some(digest) if *digest != answer => Presence::NotChecked(format!(
+                "the mirror answered digest {answer} for {}",
+                quote(&image.lookup)
+            )),
+            _ => Presence::Present,
+        },
+        Err(LookupError::Absent(why)) => Presence::Gone(why),
+        Err(LookupError::Failed(why)) => Presence::NotChecked(why),
+        Err(LookupError::OverBudget) => Presence::OverBudget,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use super::*;
+    use rstest::rstest;
+
+    const SETTINGS: &str = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"},
+        {"source":"quay.io","targets":[{"target":"eu.m.io/quay"},{"target":"us.m.io/quay"}]}],
+        "defaultMirror":{"registry":"cache.m.io/all"}}"#;
+
+    fn lookup(image: &str) -> Option<String> {
+        mirror_image(image, &policy_from(SETTINGS).router).map(|m| m.lookup)
+    }
+
+    #[rstest]
+    #[case::tag("m.io/hub/library/nginx:1.27", Some("m.io/hub/library/nginx:1.27"))]
+    #[case::pinned_tag_asks_the_digest(
+        "m.io/hub/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        Some(
+            "m.io/hub/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        )
+    )]
+    #[case::no_tag_is_latest("m.io/hub/app", Some("m.io/hub/app:latest"))]
+    #[case::https_port_spelled_out("m.io:443/hub/app:1", Some("m.io:443/hub/app:1"))]
+    #[case::second_target_of_a_list("us.m.io/quay/org/app:2", Some("us.m.io/quay/org/app:2"))]
+    #[case::default_mirror(
+        "cache.m.io/all/ghcr.io/org/app:3",
+        Some("cache.m.io/all/ghcr.io/org/app:3")
+    )]
+    #[case::source_image("nginx:1.27", None)]
+    #[case::another_registry("ghcr.io/org/app:1", None)]
+    #[case::a_sibling_path_is_not_under_the_target("m.io/hubx/app:1", None)]
+    #[case::not_a_reference("m.io/hub/App:1", None)]
+    fn mirror_images_are_those_under_a_target_in_any_spelling(
+        #[case] image: &str,
+        #[case] expected: Option<&str>,
+    ) {
+        assert_eq!(lookup(image).as_deref(), expected);
+    }
+
+    #[test]
+    fn a_target_written_with_its_default_port_covers_the_plain_spelling() {
+        let policy = policy_from(r#"{"mirrors":[{"source":"docker.io","target":"m.io:443/hub"}]}"#);
+        let image = mirror_image("m.io/hub/library/nginx:1", &policy.router);
+        assert_eq!(
+            image.map(|m| m.lookup).as_deref(),
+            Some("m.io/hub/library/nginx:1")
+        );
+    }
+
+    fn presence(image: &str, registry: &mut FakeRegistry) -> Presence {
+        let image = mirror_image(image, &policy_from(SETTINGS).router).expect("a mirror image");
+        check(&image, registry)
+    }
+
+    #[test]
+    fn present_gone_and_not_checked() {
+        let pinned = format!("m.io/hub/library/nginx:1.27@{DIGEST_A}");
+        let by_digest = format!("m.io/hub/library/nginx@{DIGEST_A}");
+        let mut registry = FakeRegistry::default().with(&by_digest, Ok(DIGEST_A));
+        assert_eq!(presence(&pinned, &mut registry), Presence::Present);
+        assert_eq!(registry.asked, std::slice::from_ref(&by_digest));
+
+        let mut registry = FakeRegistry::default();
+        assert_eq!(
+            presence(&pinned, &mut registry),
+            Presence::Gone("manifest unknown".to_string())
+        );
+
+        let failed = LookupError::Failed("connection refused".to_string());
+        let mut registry = FakeRegistry::default().with(&by_digest, Err(failed));
+        assert_eq!(
+            presence(&pinned, &mut registry),
+            Presence::NotChecked("connection refused".to_string())
+        );
+
+        // A registry that answers another digest for a digest proves nothing.
+        let mut registry = FakeRegistry::default().with(&by_digest, Ok(DIGEST_B));
+        assert!(matches!(
+            presence(&pinned, &mut registry),
+            Presence::NotChecked(why) if why.contains(DIGEST_B)
+        ));
+    }
+}

@@ -1,0 +1,298 @@
+//! Step 2 of the check role: one lookup per distinct mirror image, asked as the swap's decisions
+//! are (the first image of each registry first, each lookup once, within the budget), and what
+//! it means for each container. The check role's answer is built by `report`.
+
+use std::collections::BTreeMap;
+
+use crate::decide::check::{MirrorImage, Presence, check, mirror_image};
+use crate::policy::Policy;
+use crate::registry::{Registry, registry_host};
+
+use super::candidates::Candidate;
+use super::decisions::first_of_each_registry;
+use super::look_once::LookOnce;
+
+/// A container whose image is a mirror image, and what the mirror said of it.
+pub(super) struct Checked {
+    /// The container's place among the candidates.
+    pub(super) candidate: usize,
+    pub(super) image: MirrorImage,
+    pub(super) presence: Presence,
+}
+
+/// Checks every candidate whose image lies under a target; the others need no lookup.
+pub(super) fn check_all(
+    candidates: &[Candidate<'_>],
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Vec<Checked> {
+    let mut registry = LookOnce::new(registry);
+    // Distinct mirror images in container order, and each container's.
+    let mut distinct: Vec<MirrorImage> = Vec::new();
+    let mut index_of: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut of_container: Vec<(usize, usize)> = Vec::new();
+    for (at, candidate) in candidates.iter().enumerate() {
+        let index = match index_of.get(candidate.image) {
+            Some(&index) => index,
+            None => {
+                let Some(image) = mirror_image(candidate.image, &policy.router) else {
+                    continue;
+                };
+                distinct.push(image);
+                index_of.insert(candidate.image, distinct.len() - 1);
+                distinct.len() - 1
+            }
+        };
+        of_container.push((at, index));
+    }
+    let order = first_of_each_registry(
+        distinct
+            .iter()
+            .map(|image| vec![registry_host(&image.lookup)]),
+    );
+    let mut presence: BTreeMap<usize, Presence> = BTreeMap::new();
+    for index in order {
+        if let Some(image) = distinct.get(index) {
+            presence.insert(index, check(image, &mut registry));
+        }
+    }
+    of_container
+        .into_iter()
+        .filter_map(|(candidate, index)| {
+            Some(Checked {
+                candidate,
+                image: distinct.get(index)?.clone(),
+                presence: presence.get(&index)?.clone(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ORIGINAL_IMAGES_ANNOTATION, Outcome, Verdict, admit};
+    use crate::budget::tests::FakeClock;
+    use crate::decide::tests::{DIGEST_A, FakeRegistry, policy_from};
+    use crate::registry::LookupError;
+    use kubewarden_policy_sdk::request::{GroupVersionKind, KubernetesAdmissionRequest, UserInfo};
+    use serde_json::{Value, json};
+
+    const UID: &str = "6b3a9f0c-7d1e-4f53-9d4c-2f0a8e1b7c55";
+    const SWAP: &str = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}]}"#;
+    const CHECK: &str =
+        r#"{"action":"check","mirrors":[{"source":"docker.io","target":"m.io/hub"}]}"#;
+    const PINNED: &str = "m.io/hub/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const BY_DIGEST: &str = "m.io/hub/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    /// A running Pod as the audit scanner sends it: a CREATE whose uid is the Pod's, with an
+    /// empty userInfo and the Pod's status.
+    fn scanned(spec: Value, annotations: Value) -> KubernetesAdmissionRequest {
+        let object = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "default", "uid": UID,
+                         "resourceVersion": "4711", "annotations": annotations},
+            "spec": spec,
+            "status": {"phase": "Running"},
+        });
+        KubernetesAdmissionRequest {
+            uid: UID.to_string(),
+            kind: GroupVersionKind {
+                group: String::new(),
+                version: "v1".to_string(),
+                kind: "Pod".to_string(),
+            },
+            operation: "CREATE".to_string(),
+            object,
+            old_object: Value::Null,
+            ..Default::default()
+        }
+    }
+
+    /// The same Pod as the API server sends it: a request uid of its own and a username.
+    fn admitted(spec: Value) -> KubernetesAdmissionRequest {
+        let mut request = scanned(spec, json!({}));
+        request.uid = "1299d386-525b-4032-98ae-1949f69f9cfc".to_string();
+        request.user_info = UserInfo {
+            username: "kubernetes-admin".to_string(),
+            ..Default::default()
+        };
+        request
+    }
+
+    fn run(
+        settings: &str,
+        request: KubernetesAdmissionRequest,
+        registry: &mut FakeRegistry,
+    ) -> Outcome {
+        admit(
+            request,
+            &policy_from(settings),
+            registry,
+            &FakeClock::default(),
+        )
+    }
+
+    fn web(image: &str) -> Value {
+        json!({"containers": [{"name": "web", "image": image}]})
+    }
+
+    fn recorded(original: &str) -> Value {
+        json!({ ORIGINAL_IMAGES_ANNOTATION: json!({"web": original}).to_string() })
+    }
+
+    #[test]
+    fn the_swapping_policy_answers_the_audit_scanner_unchanged_without_a_lookup() {
+        let mut registry =
+            FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
+        let outcome = run(SWAP, scanned(web("nginx:1.27"), json!({})), &mut registry);
+        assert_eq!(outcome, Outcome::unchanged());
+        assert!(registry.asked.is_empty(), "{:?}", registry.asked);
+    }
+
+    #[test]
+    fn the_same_pod_from_the_api_server_is_swapped() {
+        let mut registry =
+            FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
+        let outcome = run(SWAP, admitted(web("nginx:1.27")), &mut registry);
+        assert!(matches!(outcome.verdict, Verdict::Mutate(_)), "{outcome:?}");
+        assert_eq!(registry.asked, ["m.io/hub/library/nginx:1.27"]);
+    }
+
+    /// Only both marks together are the scanner: an empty username alone (a request uid of its
+    /// own), or the Pod's uid with a username, is decided as any admission.
+    #[test]
+    fn one_mark_of_the_scanner_alone_is_an_admission() {
+        for request in [
+            {
+                let mut r = scanned(web("nginx:1.27"), json!({}));
+                r.uid = "another".to_string();
+                r
+            },
+            {
+                let mut r = admitted(web("nginx:1.27"));
+                r.uid = UID.to_string();
+                r
+            },
+        ] {
+            let mut registry =
+                FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
+            let outcome = run(SWAP, request, &mut registry);
+            assert!(matches!(outcome.verdict, Verdict::Mutate(_)), "{outcome:?}");
+        }
+    }
+
+    #[test]
+    fn a_pinned_mirror_image_the_mirror_holds_passes_after_one_lookup_by_digest() {
+        let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
+        let outcome = run(
+            CHECK,
+            scanned(web(PINNED), recorded("nginx:1.27")),
+            &mut registry,
+        );
+        assert_eq!(outcome.verdict, Verdict::Accept);
+        assert_eq!(registry.asked, [BY_DIGEST]);
+    }
+
+    #[test]
+    fn a_pruned_mirror_image_is_a_finding_that_says_what_to_do() {
+        let mut registry = FakeRegistry::default();
+        let outcome = run(
+            CHECK,
+            scanned(web(PINNED), recorded("nginx:1.27")),
+            &mut registry,
+        );
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("expected a finding, got {outcome:?}");
+        };
+        assert_eq!(
+            message,
+            format!(
+                "a mirror image the Pod runs is gone from the mirror: containers \"web\": image \"{PINNED}\" is gone from the mirror (asked for \"{BY_DIGEST}\", it answered: manifest unknown); refill the mirror (skopeo copy --all --preserve-digests docker://docker.io/library/nginx@{DIGEST_A} docker://m.io/hub/library/nginx:1.27) or roll the workload out so that its new Pods are decided afresh"
+            )
+        );
+    }
+
+    #[test]
+    fn without_a_matching_record_the_finding_says_roll_out() {
+        // The record names another image than the one the container runs: it is ignored.
+        let outcome = run(
+            CHECK,
+            scanned(web("m.io/hub/library/nginx:1.27"), recorded("redis:7")),
+            &mut FakeRegistry::default(),
+        );
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("expected a finding, got {outcome:?}");
+        };
+        assert!(
+            message.ends_with("roll the workload out so that its new Pods are decided afresh, or refill the mirror from the image's source"),
+            "{message}"
+        );
+        assert!(
+            message.contains("asked for \"m.io/hub/library/nginx:1.27\""),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn every_container_list_is_checked_and_each_finding_named() {
+        let spec = json!({
+            "initContainers": [{"name": "init", "image": "m.io/hub/library/busybox:1"}],
+            "containers": [{"name": "web", "image": PINNED}, {"name": "side", "image": "ghcr.io/x/y:1"}],
+            "ephemeralContainers": [{"name": "debug", "image": "m.io/hub/library/alpine:3"}],
+        });
+        let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
+        let outcome = run(CHECK, scanned(spec, json!({})), &mut registry);
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("expected a finding, got {outcome:?}");
+        };
+        assert!(
+            message.starts_with("2 mirror images the Pod runs are gone"),
+            "{message}"
+        );
+        assert!(
+            message.contains("initContainers \"init\": image \"m.io/hub/library/busybox:1\""),
+            "{message}"
+        );
+        assert!(
+            message.contains("ephemeralContainers \"debug\": image \"m.io/hub/library/alpine:3\""),
+            "{message}"
+        );
+        assert!(!message.contains("\"web\""), "{message}");
+        assert_eq!(
+            registry.asked.len(),
+            3,
+            "the source image is not looked up: {:?}",
+            registry.asked
+        );
+    }
+
+    #[test]
+    fn a_lookup_that_could_not_be_made_is_an_error_not_a_finding() {
+        let failed = LookupError::Failed("connection refused".to_string());
+        let mut registry = FakeRegistry::default().with(BY_DIGEST, Err(failed));
+        let outcome = run(CHECK, scanned(web(PINNED), json!({})), &mut registry);
+        assert_eq!(
+            outcome.verdict,
+            Verdict::Error(format!(
+                "the Pod's mirror images could not all be checked: containers \"web\": image \"{PINNED}\" not checked: could not ask the mirror for \"{BY_DIGEST}\" (connection refused)"
+            ))
+        );
+    }
+
+    #[test]
+    fn a_pod_without_mirror_images_needs_no_lookup() {
+        let mut registry = FakeRegistry::default();
+        let outcome = run(CHECK, scanned(web("nginx:1.27"), json!({})), &mut registry);
+        assert_eq!(outcome, Outcome::unchanged());
+        assert!(registry.asked.is_empty());
+    }
+
+    #[test]
+    fn the_check_role_never_rewrites_a_source_image() {
+        let mut registry =
+            FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
+        let outcome = run(CHECK, admitted(web("nginx:1.27")), &mut registry);
+        assert_eq!(outcome, Outcome::unchanged());
+        assert!(registry.asked.is_empty());
+    }
+}
