@@ -62,6 +62,14 @@ check_case() {
     jq -e --arg m "$message" '.status.message | contains($m)' <<<"$output"
     jq -e '.status.message | test("\n|Stack backtrace|Caused by") | not' <<<"$output"
   fi
+  local code
+  code=$(jq -r '.code // empty' "$expect")
+  if [[ -n $code ]]; then
+    # Kubewarden's audit scanner reports a rejection with code 500 as `error`, others as `fail`.
+    [ "$(jq -r '.status.code' <<<"$output")" == "$code" ]
+  elif [[ $(jq -r .allowed "$expect") == false ]]; then
+    [ "$(jq -r '.status.code // empty' <<<"$output")" != 500 ]
+  fi
   local key
   for key in $(jq -r '.auditAnnotations // [] | .[]' "$expect"); do
     jq -e --arg k "$key" '.auditAnnotations[$k] | fromjson' <<<"$output"

@@ -88,3 +88,39 @@ load helpers
 @test "ordered mirrors: neither holds the image: onMissing, naming each mirror's outcome" {
   check_case ordered-neither
 }
+
+@test "check role, audit scan: a pinned mirror image the mirror holds passes, no patch" {
+  check_case check-pinned-present
+}
+
+@test "check role, audit scan: a pruned pinned mirror image fails, naming container, answer, original and the refill line" {
+  check_case check-pinned-pruned
+}
+
+@test "check role, audit scan: a tag-only mirror image the mirror lacks fails" {
+  check_case check-tag-absent
+}
+
+@test "check role, audit scan: init and ephemeral containers are checked like the others" {
+  check_case check-init-and-ephemeral
+}
+
+@test "check role, audit scan: a registry that cannot be asked is an error (code 500), not a finding" {
+  check_case check-lookup-error
+}
+
+@test "check role: a Pod without mirror images passes without a lookup" {
+  check_case check-no-mirror-image
+}
+
+@test "swapping policy, audit scan: accepted unchanged without a lookup" {
+  check_case swap-audit-scan-unchanged
+}
+
+@test "swapping policy: the scanner's shape with a username is an admission, swapped" {
+  check_case swap-audit-shape-with-username
+}
+
+@test "policy-server 1.35 refuses the OCI capability: kept, the warning says what to grant where" {
+  check_case capability-not-granted
+}

@@ -104,6 +104,18 @@ fn check_case(dir: &Path, backtrace: bool) {
             response.message
         );
     }
+    // The audit scanner reports a rejection with code 500 as `error`, any other as `fail`.
+    match expect["code"].as_u64() {
+        Some(code) => assert_eq!(response.code, Some(code), "{name}: code"),
+        None if !response.accepted => {
+            assert_ne!(
+                response.code,
+                Some(500),
+                "{name}: a finding is not an error"
+            )
+        }
+        None => {}
+    }
     let replay = replay.lock().unwrap();
     assert_eq!(
         replay.remaining(),

@@ -1,6 +1,6 @@
 //! `validate` as a whole, natively: an arbitrary admission request with arbitrary host answers.
 //! No panic, and every image the policy writes lies under a configured target and carries only
-//! digests the host answered or the Pod already had.
+//! digests the host answered or the Pod already had; the check role writes nothing.
 #![no_main]
 
 use std::cell::Cell;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use image_swapper_policy::budget::Clock;
 use image_swapper_policy::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry};
 use image_swapper_policy::pod::{Verdict, admit};
-use image_swapper_policy::policy::{Policy, SwapPolicy};
+use image_swapper_policy::policy::{Action, Policy, SwapPolicy};
 use image_swapper_policy::settings::Settings;
 use kubewarden_policy_sdk::request::ValidationRequest;
 use libfuzzer_sys::fuzz_target;
@@ -124,6 +124,12 @@ fuzz_target!(|data: &[u8]| {
         answered: Vec::new(),
     };
     let outcome = admit(request.request, &policy, &mut registry, &clock);
+    if policy.action == Action::Check {
+        assert!(
+            !matches!(outcome.verdict, Verdict::Mutate(_)),
+            "the check role rewrote the Pod"
+        );
+    }
     let Verdict::Mutate(object) = outcome.verdict else {
         return;
     };

@@ -41,6 +41,8 @@ pub fn shared<H: Host + 'static>(host: H) -> Arc<Mutex<H>> {
 pub struct Response {
     pub accepted: bool,
     pub message: Option<String>,
+    /// Set on a rejection the policy could not decide (500): the audit scanner's `error`.
+    pub code: Option<u64>,
     pub warnings: Vec<String>,
     pub mutated: Option<Value>,
     /// `audit_annotations`, each value parsed as the JSON it is.
@@ -66,6 +68,7 @@ pub fn parse_response(bytes: &[u8]) -> Response {
     Response {
         accepted: value["accepted"].as_bool().expect("accepted is a boolean"),
         message: value["message"].as_str().map(str::to_string),
+        code: value["code"].as_u64(),
         warnings: value["warnings"]
             .as_array()
             .map(|w| {
@@ -141,6 +144,38 @@ pub fn pod_request(operation: &str, spec: Value) -> Value {
         "oldObject": null,
         "dryRun": false,
         "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+    })
+}
+
+/// A running Pod as Kubewarden's audit scanner sends it to `/audit/<policy>` (Go's JSON of
+/// `admission/v1.AdmissionRequest`, kubewarden-controller v1.35.0 `internal/audit-scanner`, as
+/// KUBEWARDEN.md gives it): a CREATE whose `uid` is the Pod's `metadata.uid`, `resource.resource`
+/// the Kind, an empty `userInfo`, a null `oldObject`, no `dryRun`, `subResource` or `options`,
+/// and the live object with its uid, resourceVersion and status. `n` makes the Pod's name and
+/// uid its own.
+pub fn audit_request(n: usize, spec: Value, annotations: Value) -> Value {
+    let uid = format!("6b3a9f0c-7d1e-4f53-9d4c-{n:012x}");
+    let name = format!("web-7d4b9c8f6-{n:05}");
+    json!({
+        "uid": uid,
+        "name": name,
+        "namespace": "default",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "Pod"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "operation": "CREATE",
+        "userInfo": {},
+        "oldObject": null,
+        "object": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": "default", "uid": uid, "resourceVersion": "48213",
+                "labels": {"app": "web"}, "annotations": annotations,
+            },
+            "spec": spec,
+            "status": {"phase": "Running", "podIP": "10.42.0.17"},
+        },
     })
 }
 
