@@ -5,8 +5,9 @@
 //! instance, the host lookups per admission, and the guest's peak memory; beside them the floor,
 //! a policy that only parses the request and accepts it. Lookups are answered at once from
 //! memory, then by a real registry on loopback, then by one 20 and 100 ms away (the lookup
-//! budget at work), and by concurrent evaluations sharing the host's serialised lookups, as
-//! policy-server's workers do. A benchmark prints figures; it asserts nothing.
+//! budget at work), `verifySource`'s comparisons at those distances, and by concurrent
+//! evaluations sharing the host's serialised lookups, as policy-server's workers do. A benchmark
+//! prints figures; it asserts nothing.
 
 #[path = "../tests/rig/mod.rs"]
 mod rig;
@@ -258,6 +259,7 @@ fn main() {
     drop(registry);
     distance(policy, false);
     distance(policy, true);
+    verify_source(policy);
     concurrency();
 }
 
@@ -341,6 +343,81 @@ fn distance(policy: &WasmPolicy, walk: bool) {
                 "| {round_trip} | {images} | {lookups} | {swapped} | {:.0} |",
                 times[RUNS / 2].as_secs_f64() * 1000.0
             );
+        }
+    }
+}
+
+/// `verifySource`: one image, the source and the mirror both at the distance, for the three
+/// comparisons people meet: an identical copy (the digests), a copy re-encoded to another
+/// manifest format (both manifests), and a stale copy (the tag moved upstream; both manifests).
+/// At the default budget and at 2,000 ms, so that the figures say what budget each case needs.
+fn verify_source(policy: &WasmPolicy) {
+    const RUNS: usize = 3;
+    println!(
+        "\nverifySource, one image, the source and the mirror at the distance; lookups made, the decision, and ms per admission (median of {RUNS})"
+    );
+    println!(
+        "| round trip ms | comparison | budget ms | lookups | decision | ms per admission |"
+    );
+    println!("|---:|---|---:|---:|---|---:|");
+    let upstream = TestRegistry::start("vs-upstream").expect("registry (make deps)");
+    let mirror = TestRegistry::start("vs-mirror").expect("registry (make deps)");
+    let image = Image::new("app v1", "linux/amd64");
+    let cases: [(&str, &str); 3] = [
+        ("same digest", "same"),
+        ("re-encoded", "reencoded"),
+        ("stale", "stale"),
+    ];
+    for (_, repository) in cases {
+        let repository = format!("library/{repository}");
+        image.push(&upstream, &repository, Some("1"));
+        let copy = match repository.as_str() {
+            "library/reencoded" => image.as_docker_v2(),
+            "library/stale" => Image::new("app v0", "linux/amd64"),
+            _ => image.clone(),
+        };
+        copy.push(&mirror, &format!("up/{repository}"), Some("1"));
+    }
+    for round_trip in DISTANCES_MS {
+        let delay = Duration::from_millis(round_trip);
+        let up = LatencyProxy::start(&upstream.host, delay).expect("proxy");
+        let down = LatencyProxy::start(&mirror.host, delay).expect("proxy");
+        for (name, repository) in cases {
+            for budget in [800, 2000] {
+                let settings = json!({
+                    "mirrors": [{"source": up.host, "target": format!("{}/up", down.host)}],
+                    "verifySource": true,
+                    "lookupBudgetMilliseconds": budget,
+                });
+                let request = rig::pod_request(
+                    "CREATE",
+                    json!({"containers": [{"name": "app", "image": format!("{}/library/{repository}:1", up.host)}]}),
+                );
+                let payload = json!({"settings": settings, "request": request})
+                    .to_string()
+                    .into_bytes();
+                let mut times = Vec::new();
+                let (mut lookups, mut decision) = (0, String::new());
+                for _ in 0..RUNS {
+                    let host = Arc::new(Mutex::new(LiveHost::default()));
+                    let started = Instant::now();
+                    let evaluation = policy.call("validate", &payload, host.clone());
+                    times.push(started.elapsed());
+                    let answer = rig::parse_response(&evaluation.result.expect("evaluation"));
+                    lookups = host.lock().map(|h| h.exchanges.len()).unwrap_or(0);
+                    decision = match (&answer.mutated, answer.warnings.first()) {
+                        (Some(_), _) => "swapped".to_string(),
+                        (None, Some(w)) if w.contains("stale") => "kept: stale".to_string(),
+                        (None, Some(w)) if w.contains("budget") => "kept: budget".to_string(),
+                        (None, _) => "kept".to_string(),
+                    };
+                }
+                times.sort();
+                println!(
+                    "| {round_trip} | {name} | {budget} | {lookups} | {decision} | {:.0} |",
+                    times[RUNS / 2].as_secs_f64() * 1000.0
+                );
+            }
         }
     }
 }
