@@ -1,18 +1,26 @@
-//! verifySource against two real registries on loopback: an upstream and its mirror.
+//! verifySource against two real registries on loopback, an upstream and its mirror; and at the
+//! default lookup budget with both 50 ms away, where each step of a comparison starts only when
+//! it is likely to fit.
 
 mod rig;
 
+use std::time::Duration;
+
 use rig::hosts::LiveHost;
 use rig::images::{Artifact, Image, Index};
+use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
 use rig::{Response, pod_request, shared, validate};
-use serde_json::json;
+use serde_json::{Value, json};
 
 const REPOSITORY: &str = "library/app";
 
 struct Registries {
     upstream: TestRegistry,
     mirror: TestRegistry,
+    /// With [`Registries::far`], the ways to them at a distance.
+    upstream_far: Option<LatencyProxy>,
+    mirror_far: Option<LatencyProxy>,
 }
 
 impl Registries {
@@ -20,7 +28,32 @@ impl Registries {
         Registries {
             upstream: TestRegistry::start(&format!("{name}-upstream")).expect("upstream registry"),
             mirror: TestRegistry::start(&format!("{name}-mirror")).expect("mirror registry"),
+            upstream_far: None,
+            mirror_far: None,
         }
+    }
+
+    /// Both registries 50 ms away: a lookup costs four round trips, about 200 ms, as one
+    /// against a plain-HTTP registry the host first tries over HTTPS.
+    fn far(name: &str) -> Registries {
+        let mut r = Registries::start(name);
+        let round_trip = Duration::from_millis(50);
+        r.upstream_far = Some(LatencyProxy::start(&r.upstream.host, round_trip).expect("proxy"));
+        r.mirror_far = Some(LatencyProxy::start(&r.mirror.host, round_trip).expect("proxy"));
+        r
+    }
+
+    /// The source registry as Pods and settings name it.
+    fn source_host(&self) -> &str {
+        self.upstream_far
+            .as_ref()
+            .map_or(&self.upstream.host, |far| &far.host)
+    }
+
+    fn mirror_host(&self) -> &str {
+        self.mirror_far
+            .as_ref()
+            .map_or(&self.mirror.host, |far| &far.host)
     }
 
     fn mirror_repository(&self) -> String {
@@ -29,12 +62,19 @@ impl Registries {
 
     /// Admits a Pod running `upstream/library/app:1`; returns the answer and the lookups made.
     fn admit(&self, platforms: &[&str]) -> (Response, Vec<String>) {
-        let settings = json!({
-            "mirrors": [{"source": self.upstream.host, "target": format!("{}/up", self.mirror.host)}],
+        self.admit_with(json!({ "platforms": platforms }))
+    }
+
+    /// The same, with `extra` settings.
+    fn admit_with(&self, extra: Value) -> (Response, Vec<String>) {
+        let mut settings = json!({
+            "mirrors": [{"source": self.source_host(), "target": format!("{}/up", self.mirror_host())}],
             "verifySource": true,
-            "platforms": platforms,
         });
-        let image = format!("{}/{REPOSITORY}:1", self.upstream.host);
+        if let (Some(settings), Some(extra)) = (settings.as_object_mut(), extra.as_object()) {
+            settings.extend(extra.clone());
+        }
+        let image = format!("{}/{REPOSITORY}:1", self.source_host());
         let request = pod_request(
             "CREATE",
             json!({"containers": [{"name": "app", "image": image}]}),
@@ -46,7 +86,7 @@ impl Registries {
     }
 
     fn swapped_to(&self, digest: &str) -> String {
-        format!("{}/up/{REPOSITORY}:1@{digest}", self.mirror.host)
+        format!("{}/up/{REPOSITORY}:1@{digest}", self.mirror_host())
     }
 }
 
@@ -160,9 +200,8 @@ fn a_copy_converted_to_another_manifest_format_is_swapped() {
     assert_eq!(lookups.len(), 4, "{lookups:?}");
 }
 
-#[test]
-fn upstream_down_mirror_up_is_swapped_with_a_warning() {
-    let mut r = Registries::start("upstream-down");
+/// The source refuses at once, which concludes: the mirror serves. Two lookups.
+fn the_source_down_swaps_with_a_warning(mut r: Registries) {
     let image = Image::new("app v1", "linux/amd64");
     image.push(&r.upstream, REPOSITORY, Some("1"));
     let digest = image.push(&r.mirror, &r.mirror_repository(), Some("1"));
@@ -170,7 +209,8 @@ fn upstream_down_mirror_up_is_swapped_with_a_warning() {
     let (response, lookups) = r.admit(&[]);
     assert_eq!(
         response.image("containers", 0),
-        Some(r.swapped_to(&digest).as_str())
+        Some(r.swapped_to(&digest).as_str()),
+        "{response:?}"
     );
     assert!(
         response.warned("without comparing it with the source, which could not be looked up"),
@@ -178,6 +218,11 @@ fn upstream_down_mirror_up_is_swapped_with_a_warning() {
         response.warnings
     );
     assert_eq!(lookups.len(), 2, "{lookups:?}");
+}
+
+#[test]
+fn upstream_down_mirror_up_is_swapped_with_a_warning() {
+    the_source_down_swaps_with_a_warning(Registries::start("upstream-down"));
 }
 
 #[test]
@@ -241,6 +286,82 @@ fn an_index_that_lists_the_manifests_under_other_platforms_is_stale() {
         response.warned("stale: it lacks the source's manifest for linux/amd64, linux/arm64"),
         "{:?}",
         response.warnings
+    );
+    assert_eq!(lookups.len(), 4, "{lookups:?}");
+}
+
+// At the default budget (800 ms), both registries 50 ms away (about 200 ms a lookup). Planning
+// the worst case (four lookups) before asking the source gave up on every one of these.
+
+#[test]
+fn far_an_identical_copy_is_swapped_after_the_two_digests() {
+    let r = Registries::far("far-same");
+    let image = Image::new("app v1", "linux/amd64");
+    image.push(&r.upstream, REPOSITORY, Some("1"));
+    let digest = image.push(&r.mirror, &r.mirror_repository(), Some("1"));
+    let (response, lookups) = r.admit(&[]);
+    assert_eq!(
+        response.image("containers", 0),
+        Some(r.swapped_to(&digest).as_str()),
+        "{response:?}"
+    );
+    assert_eq!(lookups.len(), 2, "{lookups:?}");
+}
+
+/// The clearest row: the old plan gave up after the mirror's lookup.
+#[test]
+fn far_the_source_down_swaps_with_the_warning_after_two_lookups() {
+    the_source_down_swaps_with_a_warning(Registries::far("far-down"));
+}
+
+/// A copy of one platform of a multi-platform source: the source's index lists the mirror's
+/// digest, so three lookups conclude (the mirror's manifest is not needed).
+#[test]
+fn far_a_single_platform_copy_that_covers_the_wanted_platform_is_swapped_after_three_lookups() {
+    let r = Registries::far("far-subset");
+    let digest = single_platform_copy_of_two_platform_index(&r);
+    let (response, lookups) = r.admit(&["linux/amd64"]);
+    assert_eq!(
+        response.image("containers", 0),
+        Some(r.swapped_to(&digest).as_str()),
+        "{response:?}"
+    );
+    assert!(response.warnings.is_empty(), "{:?}", response.warnings);
+    assert_eq!(lookups.len(), 3, "{lookups:?}");
+}
+
+/// Content compared across manifest formats needs both manifests: four lookups, about 810 ms
+/// here, which the default budget cannot hold (no plan can: four lookups of 200 ms are 800 ms
+/// before the policy's own time). The image is kept with the budget's reason, the
+/// warning saying what was learned: the digests differ. With 2,000 ms it is swapped.
+#[test]
+fn far_a_reencoded_copy_that_would_not_fit_is_kept_saying_the_digests_differ() {
+    let r = Registries::far("far-reencoded");
+    let image = Image::new("app v1", "linux/amd64");
+    let source = image.push(&r.upstream, REPOSITORY, Some("1"));
+    let converted = image
+        .as_docker_v2()
+        .push(&r.mirror, &r.mirror_repository(), Some("1"));
+    let (response, lookups) = r.admit(&[]);
+    assert!(kept(&response), "{response:?}");
+    let learned =
+        format!("(its digest differs from the mirror's: source {source}, mirror {converted})");
+    assert!(
+        response.warned("lookup budget of 800 ms spent") && response.warned(&learned),
+        "{:?}",
+        response.warnings
+    );
+    // Three when the source's manifest fitted (about 600 ms), two on a slower machine: never
+    // the fourth, which would end past the budget.
+    assert!(
+        (2..=3).contains(&lookups.len()),
+        "no lookup is started that would end past the budget: {lookups:?}"
+    );
+    let (response, lookups) = r.admit_with(json!({"lookupBudgetMilliseconds": 2000}));
+    assert_eq!(
+        response.image("containers", 0),
+        Some(r.swapped_to(&converted).as_str()),
+        "{response:?}"
     );
     assert_eq!(lookups.len(), 4, "{lookups:?}");
 }
