@@ -176,7 +176,7 @@ fn a_spent_budget_is_an_error_naming_the_images_not_checked() {
     let message = response.message.unwrap_or_default();
     assert!(
         message.starts_with("the Pod's mirror images could not all be checked: not checked in time, lookup budget of 100 ms spent (the evaluation had run ")
-            && message.ends_with(&format!("in 1 lookups): containers \"b\" image \"{m}/hub/library/b:1@{b}\"")),
+            && message.ends_with(&format!("in 1 lookup): containers \"b\" image \"{m}/hub/library/b:1@{b}\"")),
         "{message}"
     );
     assert_eq!(lookups.len(), 1, "{lookups:?}");

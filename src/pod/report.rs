@@ -85,10 +85,7 @@ fn budget_message(
         1 => "1 image was".to_string(),
         n => format!("{n} images were"),
     };
-    let lookups = match report.lookups {
-        1 => "1 lookup".to_string(),
-        n => format!("{n} lookups"),
-    };
+    let lookups = lookups(report.lookups);
     let outcome = match action {
         Fallback::Keep => "kept as they were",
         Fallback::Reject => "refused",
@@ -102,6 +99,14 @@ fn budget_message(
         action.as_str(),
         named.join(", ")
     )
+}
+
+/// "1 lookup", "2 lookups".
+fn lookups(n: usize) -> String {
+    match n {
+        1 => "1 lookup".to_string(),
+        n => format!("{n} lookups"),
+    }
 }
 
 /// The most entries listed under one audit annotation key; the summary counts them all.
@@ -219,12 +224,6 @@ pub(super) fn check_outcome(
     if checked.is_empty() {
         return Outcome::unchanged();
     }
-    let container = |checked: &Checked| {
-        candidates
-            .get(checked.candidate)
-            .map(|c| format!("{} {}", c.list, quote(c.name)))
-            .unwrap_or_default()
-    };
     let mut gone = Vec::new();
     let mut not_checked = Vec::new();
     let mut over_budget = Vec::new();
@@ -233,6 +232,7 @@ pub(super) fn check_outcome(
             continue;
         };
         let image = candidate.image;
+        let container = format!("{} {}", candidate.list, quote(candidate.name));
         match &entry.presence {
             Presence::Present => {}
             Presence::Gone(answer) => {
@@ -240,31 +240,27 @@ pub(super) fn check_outcome(
                     .get(candidate.name)
                     .filter(|original| policy.router.is_swap_of(original, image));
                 gone.push(format!(
-                    "{}: image {} is gone from the mirror (asked for {}, it answered: {answer}); {}",
-                    container(entry),
+                    "{container}: image {} is gone from the mirror (asked for {}, it answered: {answer}); {}",
                     quote(image),
                     quote(&entry.image.lookup),
                     what_to_do(original.map(String::as_str), &entry.image)
                 ));
             }
             Presence::NotChecked(why) => not_checked.push(format!(
-                "{}: image {} not checked: could not ask the mirror for {} ({why})",
-                container(entry),
+                "{container}: image {} not checked: could not ask the mirror for {} ({why})",
                 quote(image),
                 quote(&entry.image.lookup)
             )),
-            Presence::OverBudget => {
-                over_budget.push(format!("{} image {}", container(entry), quote(image)))
-            }
+            Presence::OverBudget => over_budget.push(format!("{container} image {}", quote(image))),
         }
     }
     if !over_budget.is_empty() {
+        let lookups = lookups(report.lookups);
         not_checked.push(format!(
-            "not checked in time, lookup budget of {} ms spent (the evaluation had run {} ms, {} ms of it in {} lookups): {}",
+            "not checked in time, lookup budget of {} ms spent (the evaluation had run {} ms, {} ms of it in {lookups}): {}",
             report.limit_ms(),
             report.elapsed_ms(),
             report.lookup_ms(),
-            report.lookups,
             capped(over_budget, "containers").join(", ")
         ));
     }
