@@ -94,19 +94,24 @@ fn kept(response: &Response) -> bool {
     response.accepted && response.mutated.is_none()
 }
 
-#[test]
-fn same_digest_is_swapped_after_two_lookups() {
-    let r = Registries::start("same");
+/// The digests are equal: swapped after two lookups, without a warning.
+fn an_identical_copy_is_swapped_after_two_lookups(r: Registries) {
     let image = Image::new("app v1", "linux/amd64");
     image.push(&r.upstream, REPOSITORY, Some("1"));
     let digest = image.push(&r.mirror, &r.mirror_repository(), Some("1"));
     let (response, lookups) = r.admit(&[]);
     assert_eq!(
         response.image("containers", 0),
-        Some(r.swapped_to(&digest).as_str())
+        Some(r.swapped_to(&digest).as_str()),
+        "{response:?}"
     );
     assert!(response.warnings.is_empty(), "{:?}", response.warnings);
     assert_eq!(lookups.len(), 2, "{lookups:?}");
+}
+
+#[test]
+fn same_digest_is_swapped_after_two_lookups() {
+    an_identical_copy_is_swapped_after_two_lookups(Registries::start("same"));
 }
 
 #[test]
@@ -132,20 +137,27 @@ fn single_platform_copy_of_two_platform_index(r: &Registries) -> String {
     amd64.push(&r.mirror, &r.mirror_repository(), Some("1"))
 }
 
-#[test]
-fn single_platform_copy_is_swapped_when_it_covers_the_wanted_platforms() {
-    let r = Registries::start("subset");
+/// The source's index lists the mirror's digest: three lookups conclude, without the mirror's
+/// manifest.
+fn a_single_platform_copy_covering_the_wanted_platform_is_swapped(r: Registries) {
     let digest = single_platform_copy_of_two_platform_index(&r);
     let (response, lookups) = r.admit(&["linux/amd64"]);
     assert_eq!(
         response.image("containers", 0),
-        Some(r.swapped_to(&digest).as_str())
+        Some(r.swapped_to(&digest).as_str()),
+        "{response:?}"
     );
+    assert!(response.warnings.is_empty(), "{:?}", response.warnings);
     assert_eq!(
         lookups.len(),
         3,
         "the source index names the mirror's digest: {lookups:?}"
     );
+}
+
+#[test]
+fn single_platform_copy_is_swapped_when_it_covers_the_wanted_platforms() {
+    a_single_platform_copy_covering_the_wanted_platform_is_swapped(Registries::start("subset"));
 }
 
 #[test]
@@ -295,17 +307,7 @@ fn an_index_that_lists_the_manifests_under_other_platforms_is_stale() {
 
 #[test]
 fn far_an_identical_copy_is_swapped_after_the_two_digests() {
-    let r = Registries::far("far-same");
-    let image = Image::new("app v1", "linux/amd64");
-    image.push(&r.upstream, REPOSITORY, Some("1"));
-    let digest = image.push(&r.mirror, &r.mirror_repository(), Some("1"));
-    let (response, lookups) = r.admit(&[]);
-    assert_eq!(
-        response.image("containers", 0),
-        Some(r.swapped_to(&digest).as_str()),
-        "{response:?}"
-    );
-    assert_eq!(lookups.len(), 2, "{lookups:?}");
+    an_identical_copy_is_swapped_after_two_lookups(Registries::far("far-same"));
 }
 
 /// The clearest row: the old plan gave up after the mirror's lookup.
@@ -314,20 +316,9 @@ fn far_the_source_down_swaps_with_the_warning_after_two_lookups() {
     the_source_down_swaps_with_a_warning(Registries::far("far-down"));
 }
 
-/// A copy of one platform of a multi-platform source: the source's index lists the mirror's
-/// digest, so three lookups conclude (the mirror's manifest is not needed).
 #[test]
 fn far_a_single_platform_copy_that_covers_the_wanted_platform_is_swapped_after_three_lookups() {
-    let r = Registries::far("far-subset");
-    let digest = single_platform_copy_of_two_platform_index(&r);
-    let (response, lookups) = r.admit(&["linux/amd64"]);
-    assert_eq!(
-        response.image("containers", 0),
-        Some(r.swapped_to(&digest).as_str()),
-        "{response:?}"
-    );
-    assert!(response.warnings.is_empty(), "{:?}", response.warnings);
-    assert_eq!(lookups.len(), 3, "{lookups:?}");
+    a_single_platform_copy_covering_the_wanted_platform_is_swapped(Registries::far("far-subset"));
 }
 
 /// Content compared across manifest formats needs both manifests: four lookups, about 810 ms
