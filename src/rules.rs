@@ -4,6 +4,8 @@
 //! This module knows nothing of the settings' form: `settings` validates them and builds a
 //! [`Router`]; `decide` asks it where an image goes. Data flows one way: settings -> rules.
 
+use std::borrow::Cow;
+
 use crate::glob::Glob;
 use crate::reference::{
     DOCKER_HUB, DOCKER_HUB_ALIASES, NAME_MAX_LEN, Reference, is_path_component,
@@ -46,7 +48,7 @@ impl Prefix {
     /// for HTTPS, `:80` for a plain-HTTP registry) dropped and Docker Hub's names made one, so
     /// that two spellings of one registry compare equal. Messages keep the spelling written.
     pub fn resolved(&self) -> Prefix {
-        Prefix(resolved_name(&self.0))
+        Prefix(resolved_name(&self.0).into_owned())
     }
 
     pub fn join(&self, rest: &str) -> String {
@@ -60,24 +62,26 @@ impl Prefix {
     }
 }
 
-/// `host[:port][/path]` as a runtime resolves it (see [`Prefix::resolved`]).
-fn resolved_name(name: &str) -> String {
-    let (host, path) = match name.split_once('/') {
+/// `host[:port][/path]` as a runtime resolves it (see [`Prefix::resolved`]); borrowed when
+/// it is already so spelled, as nearly every image is, so routing allocates nothing for it.
+fn resolved_name(name: &str) -> Cow<'_, str> {
+    let (written, path) = match name.split_once('/') {
         Some((host, path)) => (host, Some(path)),
         None => (name, None),
     };
-    let host = host
+    let host = written
         .strip_suffix(":443")
-        .or_else(|| host.strip_suffix(":80"))
-        .unwrap_or(host);
+        .or_else(|| written.strip_suffix(":80"))
+        .unwrap_or(written);
     let host = if DOCKER_HUB_ALIASES.contains(&host) {
         DOCKER_HUB
     } else {
         host
     };
     match path {
-        Some(path) => format!("{host}/{path}"),
-        None => host.to_string(),
+        _ if host == written => Cow::Borrowed(name),
+        Some(path) => Cow::Owned(format!("{host}/{path}")),
+        None => Cow::Owned(host.to_string()),
     }
 }
 
@@ -181,12 +185,9 @@ impl Router {
 
     /// The target `reference` lies under, in any spelling a runtime resolves to it (default
     /// ports, Docker Hub's names), as the settings wrote it: the image is a mirror image.
+    /// Resolving both sides keeps a prefix a prefix, so one comparison covers every spelling.
     pub fn target_of(&self, reference: &Reference) -> Option<&Prefix> {
-        let name = reference.name();
-        if let Some(target) = self.targets.iter().find(|t| t.strip_from(name).is_some()) {
-            return Some(target);
-        }
-        let resolved = resolved_name(name);
+        let resolved = resolved_name(reference.name());
         self.resolved_targets
             .iter()
             .position(|t| t.strip_from(&resolved).is_some())

@@ -10,13 +10,25 @@ use crate::text::quote;
 
 use super::{joined, verified_digest};
 
-/// A mirror image, and the lookup that asks the mirror for exactly what a node pulls.
+/// A mirror image, as the lookup that asks the mirror for exactly what a node pulls.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MirrorImage {
     /// `repository@digest` when the image names a digest (the kubelet pulls the digest, the
     /// tag beside it is ignored), else `repository:tag`.
     pub lookup: String,
-    pub digest: Option<String>,
+    /// Where the repository ends in `lookup`.
+    repository_end: usize,
+}
+
+impl MirrorImage {
+    pub fn repository(&self) -> &str {
+        &self.lookup[..self.repository_end]
+    }
+
+    /// The digest the image pins, if it pins one.
+    pub fn digest(&self) -> Option<&str> {
+        self.lookup[self.repository_end..].strip_prefix('@')
+    }
 }
 
 /// The mirror image `image` names, when it lies under a configured target in any spelling a
@@ -25,13 +37,16 @@ pub struct MirrorImage {
 pub fn mirror_image(image: &str, router: &Router) -> Option<MirrorImage> {
     let reference = Reference::parse(image).ok()?;
     router.target_of(&reference)?;
-    let digest = reference.digest().map(str::to_string);
-    let lookup = match (&digest, reference.tag()) {
-        (Some(digest), _) => joined(reference.name(), '@', digest),
-        (None, Some(tag)) => joined(reference.name(), ':', tag),
-        (None, None) => reference.name().to_string(),
+    let repository = reference.name();
+    let lookup = match (reference.digest(), reference.tag()) {
+        (Some(digest), _) => joined(repository, '@', digest),
+        (None, Some(tag)) => joined(repository, ':', tag),
+        (None, None) => repository.to_string(),
     };
-    Some(MirrorImage { lookup, digest })
+    Some(MirrorImage {
+        lookup,
+        repository_end: repository.len(),
+    })
 }
 
 /// What the mirror said of a mirror image.
@@ -51,8 +66,8 @@ pub enum Presence {
 /// Asks the mirror for `image.lookup`.
 pub fn check(image: &MirrorImage, registry: &mut impl Registry) -> Presence {
     match verified_digest(registry, &image.lookup) {
-        Ok(answer) => match &image.digest {
-            Some(digest) if *digest != answer => Presence::NotChecked(format!(
+        Ok(answer) => match image.digest() {
+            Some(digest) if digest != answer => Presence::NotChecked(format!(
                 "the mirror answered digest {answer} for {}",
                 quote(&image.lookup)
             )),

@@ -50,10 +50,10 @@ pub(super) fn check_all(
             .iter()
             .map(|image| vec![registry_host(&image.lookup)]),
     );
-    let mut presence: BTreeMap<usize, Presence> = BTreeMap::new();
+    let mut presence: Vec<Option<Presence>> = vec![None; distinct.len()];
     for index in order {
-        if let Some(image) = distinct.get(index) {
-            presence.insert(index, check(image, &mut registry));
+        if let (Some(image), Some(slot)) = (distinct.get(index), presence.get_mut(index)) {
+            *slot = Some(check(image, &mut registry));
         }
     }
     of_container
@@ -62,7 +62,7 @@ pub(super) fn check_all(
             Some(Checked {
                 candidate,
                 image: distinct.get(index)?.clone(),
-                presence: presence.get(&index)?.clone(),
+                presence: presence.get(index)?.clone()?,
             })
         })
         .collect()

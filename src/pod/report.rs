@@ -264,7 +264,16 @@ pub(super) fn check_outcome(
             capped(over_budget, "containers").join(", ")
         ));
     }
-    let audit = check_audit(checked.len(), gone.len(), not_checked.len(), report);
+    let unchecked = checked
+        .iter()
+        .filter(|entry| {
+            matches!(
+                entry.presence,
+                Presence::NotChecked(_) | Presence::OverBudget
+            )
+        })
+        .count();
+    let audit = check_audit(checked.len(), gone.len(), unchecked, report);
     let verdict = match (gone.len(), not_checked.is_empty()) {
         (0, true) => Verdict::Accept,
         (0, false) => Verdict::Error(format!(
@@ -309,15 +318,15 @@ fn what_to_do(original: Option<&str>, image: &MirrorImage) -> String {
 /// after the digest (the digest is what the kubelet pulls, and a copy needs a tag to push to).
 fn refill_command(original: &str, image: &MirrorImage) -> Option<String> {
     let original = Reference::parse(original).ok()?;
-    let mirror = Reference::parse(&image.lookup).ok()?;
-    let source = match image.digest.as_deref().or(original.digest()) {
+    let repository = image.repository();
+    let source = match image.digest().or(original.digest()) {
         Some(digest) => format!("{}@{digest}", original.name()),
         None => original.as_str().to_string(),
     };
-    let destination = match (original.tag(), &image.digest) {
-        (Some(tag), _) => format!("{}:{tag}", mirror.name()),
-        (None, Some(digest)) => format!("{}:{}", mirror.name(), digest.replacen(':', "-", 1)),
-        (None, None) => mirror.as_str().to_string(),
+    let destination = match (original.tag(), image.digest()) {
+        (Some(tag), _) => format!("{repository}:{tag}"),
+        (None, Some(digest)) => format!("{repository}:{}", digest.replacen(':', "-", 1)),
+        (None, None) => image.lookup.clone(),
     };
     Some(format!(
         "skopeo copy --all --preserve-digests docker://{source} docker://{destination}"
