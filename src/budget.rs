@@ -9,8 +9,8 @@
 //! door and a registry behind a token server on another continent differ tenfold. A registry
 //! not yet asked is predicted at the slowest lookup so far on any registry, and at no less than
 //! a quarter of the budget (200 ms by default, four round trips to a registry 50 ms away): small
-//! enough that `verifySource` can plan an image's first step (the mirror's digest, then the
-//! source's) with room for the steps that may follow, large enough that a distant registry is
+//! enough that `verifySource` can plan an image's first step (the mirror's digest, then one
+//! lookup of the source) with room for the steps that may follow, large enough that a distant registry is
 //! not started at the end of the budget on a near one's timing. The admission asks
 //! the first image of each registry first (`pod`), so that this floor is needed only while the
 //! budget is fresh.
@@ -133,15 +133,20 @@ impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
     /// Whether lookups of `images`, in that order, would likely all end within the budget. The
     /// first lookup of an admission is predicted to take no time: with nothing measured there
     /// is nothing to predict from, and an admission that looks nothing up swaps nothing.
-    fn fits(&mut self, images: &[&str]) -> bool {
-        let now = self.clock.now();
+    fn predicted_to_fit(&self, images: &[&str], now: Duration) -> bool {
         let first_of_admission = usize::from(self.report.lookups == 0);
         let predicted: Duration = images
             .iter()
             .skip(first_of_admission)
             .map(|image| self.predicted(registry_host(image)))
             .sum();
-        let fits = now + predicted <= self.report.limit;
+        now + predicted <= self.report.limit
+    }
+
+    /// [`Budgeted::predicted_to_fit`], counting a no as a refusal.
+    fn fits(&mut self, images: &[&str]) -> bool {
+        let now = self.clock.now();
+        let fits = self.predicted_to_fit(images, now);
         if !fits {
             self.report.refused += 1;
             self.report.elapsed = self.report.elapsed.max(now);
@@ -186,6 +191,10 @@ impl<R: Registry, C: Clock> Registry for Budgeted<'_, R, C> {
 
     fn affordable(&mut self, images: &[&str]) -> bool {
         self.fits(images)
+    }
+
+    fn would_fit(&self, images: &[&str]) -> bool {
+        self.predicted_to_fit(images, self.clock.now())
     }
 }
 
@@ -416,6 +425,21 @@ pub mod tests {
         assert!(!budgeted.affordable(&sequence));
         assert_eq!(budgeted.report().refused, 1);
         assert_eq!(hosts.ended.len(), 2, "a refused sequence asks nothing");
+    }
+
+    /// Choosing between plans predicts as `affordable` does, and a plan not chosen is not a
+    /// refusal: the budget's figures count only lookups and sequences not started.
+    #[test]
+    fn a_plan_weighed_and_not_chosen_is_no_refusal() {
+        let clock = FakeClock::default();
+        let mut hosts = Hosts::new(&clock, &[("m.io", 205), ("s.io", 205)]);
+        let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
+        let _ = budgeted.manifest_digest("m.io/a");
+        assert!(!budgeted.would_fit(&["s.io/a", "s.io/a", "m.io/a"]), "205 + 3 × 205");
+        assert!(budgeted.would_fit(&["s.io/a", "m.io/a"]), "205 + 2 × 205");
+        assert_eq!(budgeted.report().refused, 0);
+        assert!(!budgeted.affordable(&["s.io/a", "s.io/a", "m.io/a"]));
+        assert_eq!(budgeted.report().refused, 1);
     }
 
     /// Reading a large request before the first lookup spends budget too.

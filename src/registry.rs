@@ -18,6 +18,11 @@ pub trait Registry {
     fn affordable(&mut self, _images: &[&str]) -> bool {
         true
     }
+    /// The same prediction without a refusal: asked to choose between plans, of which the one
+    /// not chosen is not a lookup refused. Without a budget, always.
+    fn would_fit(&self, _images: &[&str]) -> bool {
+        true
+    }
 }
 
 /// The registry host of a fully qualified image reference: what a lookup's cost depends on.

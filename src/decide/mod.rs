@@ -269,10 +269,19 @@ pub mod tests {
                 .unwrap_or_else(|| Err(LookupError::Absent("manifest unknown".to_string())))
         }
 
+        /// Manifests are held by `name@digest`; a tag resolves through its digest's answer,
+        /// as a registry resolves it, so a tag the registry refuses refuses its manifest too.
         fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
             self.asked.push(format!("manifest {image}"));
+            let by_digest = match (image.rsplit_once(':'), self.answers.get(image)) {
+                (Some((name, _)), Some(Ok(digest))) if !image.contains('@') => {
+                    format!("{name}@{digest}")
+                }
+                (_, Some(Err(error))) => return Err(error.clone()),
+                _ => image.to_string(),
+            };
             self.manifests
-                .get(image)
+                .get(&by_digest)
                 .cloned()
                 .ok_or_else(|| LookupError::Absent("manifest unknown".to_string()))
         }

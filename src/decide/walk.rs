@@ -168,10 +168,11 @@ fn try_mirror(
             }
         }
         (SwapPolicy::Exists, None) => {
-            // verifySource's first step is both digests, which conclude on their own in the
-            // usual cases (equal; the source down or without the tag): the mirror is asked only
-            // when the source's lookup is likely to fit after it. Later steps are planned when
-            // they are known to be needed (`check_source`).
+            // verifySource's first step is the mirror's digest and one lookup of the source,
+            // which conclude on their own in the usual cases (equal digests; the source down
+            // or without the tag): the mirror is asked only when the source's lookup is likely
+            // to fit after it. Which lookup of the source, and the steps after it, are planned
+            // once the mirror has answered (`check_source`).
             if policy.verify_source && !registry.affordable(&[&tagged, reference.as_str()]) {
                 return Err((tagged, Failure::NOT_LOOKED_UP));
             }

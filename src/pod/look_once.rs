@@ -44,4 +44,8 @@ impl<R: Registry> Registry for LookOnce<'_, R> {
     fn affordable(&mut self, images: &[&str]) -> bool {
         self.inner.affordable(images)
     }
+
+    fn would_fit(&self, images: &[&str]) -> bool {
+        self.inner.would_fit(images)
+    }
 }
