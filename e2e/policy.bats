@@ -89,6 +89,14 @@ load helpers
   check_case ordered-neither
 }
 
+@test "verifySource: a copy re-encoded to OCI (other digest, same config) is swapped to the mirror's digest" {
+  check_case verify-source-reencoded
+}
+
+@test "verifySource: a stale copy (the tag names other content upstream) is kept, naming both digests" {
+  check_case verify-source-stale
+}
+
 @test "check role, audit scan: a pinned mirror image the mirror holds passes, no patch" {
   check_case check-pinned-present
 }
