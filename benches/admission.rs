@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rig::hosts::{InstantHost, LiveHost, LookupLock, SerialisedHost, locate};
-use rig::images::{Image, push_apps};
+use rig::images::{Image, Index, push_apps};
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
 use rig::wapc::{SharedHost, WasmPolicy};
@@ -362,10 +362,12 @@ fn distance(policy: &WasmPolicy, walk: bool) {
     }
 }
 
-/// `verifySource`: one image, the source and the mirror both at the distance, for the three
-/// comparisons people meet: an identical copy (the digests), a copy re-encoded to another
-/// manifest format (both manifests), and a stale copy (the tag moved upstream; both manifests).
-/// At the default budget and at 2,000 ms, so that the figures say what budget each case needs.
+/// `verifySource`: one image, the source and the mirror both at the distance, for the four
+/// comparisons people meet: an identical copy (the digests), a copy of one platform of a
+/// two-platform source with `platforms: [linux/amd64]` (the source's index lists the mirror's
+/// digest), a copy re-encoded to another manifest format (both manifests), and a stale copy (the
+/// tag moved upstream; both manifests). At the default budget and at 2,000 ms, so that the
+/// figures say what budget each case needs.
 fn verify_source(policy: &WasmPolicy) {
     const RUNS: usize = 3;
     println!(
@@ -376,18 +378,33 @@ fn verify_source(policy: &WasmPolicy) {
     let upstream = TestRegistry::start("vs-upstream").expect("registry (make deps)");
     let mirror = TestRegistry::start("vs-mirror").expect("registry (make deps)");
     let image = Image::new("app v1", "linux/amd64");
-    let cases: [(&str, &str); 3] = [
-        ("same digest", "copy"),
-        ("re-encoded", "converted"),
-        ("stale", "moved"),
+    // (name, repository, platforms)
+    let cases: [(&str, &str, &[&str]); 4] = [
+        ("same digest", "copy", &[]),
+        ("one platform", "subset", &["linux/amd64"]),
+        ("re-encoded", "converted", &[]),
+        ("stale", "moved", &[]),
     ];
-    for (_, repository) in cases {
+    for (_, repository, _) in cases {
         let repository = format!("library/{repository}");
-        image.push(&upstream, &repository, Some("1"));
         let copy = match repository.as_str() {
-            "library/converted" => image.as_docker_v2(),
-            "library/moved" => Image::new("app v0", "linux/amd64"),
-            _ => image.clone(),
+            "library/subset" => {
+                let arm64 = Image::new("app v1", "linux/arm64");
+                Index::new(vec![image.clone(), arm64]).push(&upstream, &repository, "1");
+                image.clone()
+            }
+            "library/converted" => {
+                image.push(&upstream, &repository, Some("1"));
+                image.as_docker_v2()
+            }
+            "library/moved" => {
+                image.push(&upstream, &repository, Some("1"));
+                Image::new("app v0", "linux/amd64")
+            }
+            _ => {
+                image.push(&upstream, &repository, Some("1"));
+                image.clone()
+            }
         };
         copy.push(&mirror, &format!("up/{repository}"), Some("1"));
     }
@@ -396,11 +413,12 @@ fn verify_source(policy: &WasmPolicy) {
         let delay = Duration::from_millis(round_trip);
         let up = LatencyProxy::start(&upstream.host, delay).expect("proxy");
         let down = LatencyProxy::start(&mirror.host, delay).expect("proxy");
-        for (name, repository) in cases {
+        for (name, repository, platforms) in cases {
             for budget in [800, 2000] {
                 let settings = json!({
                     "mirrors": [{"source": up.host, "target": format!("{}/up", down.host)}],
                     "verifySource": true,
+                    "platforms": platforms,
                     "lookupBudgetMilliseconds": budget,
                 });
                 let request = rig::pod_request(
