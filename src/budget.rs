@@ -435,7 +435,10 @@ pub mod tests {
         let mut hosts = Hosts::new(&clock, &[("m.io", 205), ("s.io", 205)]);
         let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
         let _ = budgeted.manifest_digest("m.io/a");
-        assert!(!budgeted.would_fit(&["s.io/a", "s.io/a", "m.io/a"]), "205 + 3 × 205");
+        assert!(
+            !budgeted.would_fit(&["s.io/a", "s.io/a", "m.io/a"]),
+            "205 + 3 × 205"
+        );
         assert!(budgeted.would_fit(&["s.io/a", "m.io/a"]), "205 + 2 × 205");
         assert_eq!(budgeted.report().refused, 0);
         assert!(!budgeted.affordable(&["s.io/a", "s.io/a", "m.io/a"]));

@@ -207,15 +207,22 @@ fn a_full_index_copy_with_preserved_digests_is_swapped_after_two_lookups() {
     assert_eq!(lookups.len(), 2, "{lookups:?}");
 }
 
-#[test]
-fn a_copy_converted_to_another_manifest_format_is_swapped() {
-    let r = Registries::start("converted");
+/// The source's image, and its copy converted to Docker v2 in the mirror: the same config, another
+/// manifest digest. Returns both digests.
+fn reencoded_copy(r: &Registries) -> (String, String) {
     let image = Image::new("app v1", "linux/amd64");
     let source = image.push(&r.upstream, REPOSITORY, Some("1"));
     let converted = image
         .as_docker_v2()
         .push(&r.mirror, &r.mirror_repository(), Some("1"));
     assert_ne!(source, converted, "the copy has another manifest digest");
+    (source, converted)
+}
+
+#[test]
+fn a_copy_converted_to_another_manifest_format_is_swapped() {
+    let r = Registries::start("converted");
+    let (_, converted) = reencoded_copy(&r);
     let (response, lookups) = r.admit(&[]);
     assert_eq!(
         response.image("containers", 0),
@@ -348,11 +355,7 @@ fn far_a_tag_moved_upstream_is_stale_and_kept_after_three_lookups() {
 #[test]
 fn far_lookups_are_the_documented_ones() {
     let r = Registries::far("far-lookups");
-    let image = Image::new("app v1", "linux/amd64");
-    image.push(&r.upstream, REPOSITORY, Some("1"));
-    let converted = image
-        .as_docker_v2()
-        .push(&r.mirror, &r.mirror_repository(), Some("1"));
+    let (_, converted) = reencoded_copy(&r);
     let (_, lookups) = r.admit(&[]);
     let (up, mirror) = (r.source_host(), r.mirror_host());
     assert_eq!(
@@ -370,12 +373,7 @@ fn far_lookups_are_the_documented_ones() {
 #[test]
 fn far_a_reencoded_copy_is_swapped_at_the_default_budget() {
     let r = Registries::far("far-reencoded");
-    let image = Image::new("app v1", "linux/amd64");
-    let source = image.push(&r.upstream, REPOSITORY, Some("1"));
-    let converted = image
-        .as_docker_v2()
-        .push(&r.mirror, &r.mirror_repository(), Some("1"));
-    assert_ne!(source, converted, "the copy has another manifest digest");
+    let (_, converted) = reencoded_copy(&r);
     let (response, lookups) = r.admit(&[]);
     assert_eq!(
         response.image("containers", 0),
@@ -392,11 +390,7 @@ fn far_a_reencoded_copy_is_swapped_at_the_default_budget() {
 #[test]
 fn far_a_reencoded_copy_whose_comparison_would_not_fit_is_kept_saying_the_digests_differ() {
     let r = Registries::far("far-reencoded-600");
-    let image = Image::new("app v1", "linux/amd64");
-    let source = image.push(&r.upstream, REPOSITORY, Some("1"));
-    let converted = image
-        .as_docker_v2()
-        .push(&r.mirror, &r.mirror_repository(), Some("1"));
+    let (source, converted) = reencoded_copy(&r);
     let (response, lookups) = r.admit_with(json!({"lookupBudgetMilliseconds": 600}));
     assert!(kept(&response), "{response:?}");
     let learned =
