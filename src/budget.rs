@@ -10,8 +10,8 @@
 //! not yet asked is predicted at the slowest lookup so far on any registry, and at no less than
 //! a quarter of the budget (200 ms by default, four round trips to a registry 50 ms away): small
 //! enough that `verifySource` can plan an image's first step (the mirror's digest, then one
-//! lookup of the source) with room for the steps that may follow, large enough that a distant registry is
-//! not started at the end of the budget on a near one's timing. The admission asks
+//! lookup of the source) with room for the steps that may follow, large enough that a distant
+//! registry is not started at the end of the budget on a near one's timing. The admission asks
 //! the first image of each registry first (`pod`), so that this floor is needed only while the
 //! budget is fresh.
 //!
