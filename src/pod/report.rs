@@ -85,28 +85,32 @@ fn budget_message(
         1 => "1 image was".to_string(),
         n => format!("{n} images were"),
     };
-    let lookups = lookups(report.lookups);
     let outcome = match action {
         Fallback::Keep => "kept as they were",
         Fallback::Reject => "refused",
     };
     format!(
-        "lookup budget of {} ms spent: the evaluation had run {} ms, {} ms of it in {lookups} (the slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
+        "lookup budget of {} ms spent: {} (the slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
         report.limit_ms(),
-        report.elapsed_ms(),
-        report.lookup_ms(),
+        time_spent(report),
         report.slowest_ms(),
         action.as_str(),
         named.join(", ")
     )
 }
 
-/// "1 lookup", "2 lookups".
-fn lookups(n: usize) -> String {
-    match n {
+/// "the evaluation had run 612 ms, 605 ms of it in 3 lookups": what the budget counts (the whole
+/// evaluation, as policy-server's timeout does) and the lookups' part of it.
+fn time_spent(report: &BudgetReport) -> String {
+    let lookups = match report.lookups {
         1 => "1 lookup".to_string(),
         n => format!("{n} lookups"),
-    }
+    };
+    format!(
+        "the evaluation had run {} ms, {} ms of it in {lookups}",
+        report.elapsed_ms(),
+        report.lookup_ms()
+    )
 }
 
 /// The most entries listed under one audit annotation key; the summary counts them all.
@@ -227,6 +231,8 @@ pub(super) fn check_outcome(
     let mut gone = Vec::new();
     let mut not_checked = Vec::new();
     let mut over_budget = Vec::new();
+    // Containers, for the audit figures; `not_checked` holds messages, one for all the budget's.
+    let mut unchecked = 0;
     for entry in checked {
         let Some(candidate) = candidates.get(entry.candidate) else {
             continue;
@@ -246,33 +252,28 @@ pub(super) fn check_outcome(
                     what_to_do(original.map(String::as_str), &entry.image)
                 ));
             }
-            Presence::NotChecked(why) => not_checked.push(format!(
-                "{container}: image {} not checked: could not ask the mirror for {} ({why})",
-                quote(image),
-                quote(&entry.image.lookup)
-            )),
-            Presence::OverBudget => over_budget.push(format!("{container} image {}", quote(image))),
+            Presence::NotChecked(why) => {
+                unchecked += 1;
+                not_checked.push(format!(
+                    "{container}: image {} not checked: could not ask the mirror for {} ({why})",
+                    quote(image),
+                    quote(&entry.image.lookup)
+                ));
+            }
+            Presence::OverBudget => {
+                unchecked += 1;
+                over_budget.push(format!("{container} image {}", quote(image)));
+            }
         }
     }
     if !over_budget.is_empty() {
-        let lookups = lookups(report.lookups);
         not_checked.push(format!(
-            "not checked in time, lookup budget of {} ms spent (the evaluation had run {} ms, {} ms of it in {lookups}): {}",
+            "not checked in time, lookup budget of {} ms spent ({}): {}",
             report.limit_ms(),
-            report.elapsed_ms(),
-            report.lookup_ms(),
+            time_spent(report),
             capped(over_budget, "containers").join(", ")
         ));
     }
-    let unchecked = checked
-        .iter()
-        .filter(|entry| {
-            matches!(
-                entry.presence,
-                Presence::NotChecked(_) | Presence::OverBudget
-            )
-        })
-        .count();
     let audit = check_audit(checked.len(), gone.len(), unchecked, report);
     let verdict = match (gone.len(), not_checked.is_empty()) {
         (0, true) => Verdict::Accept,
