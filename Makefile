@@ -3,8 +3,9 @@ SHELL := bash
 CARGO ?= cargo
 KWCTL ?= kwctl
 SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
-# Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq.
-TEST_PACKAGES := docker-registry bats jq
+# Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq, and skopeo
+# (the rig's tag-filled cache copies with it; so does the fill job).
+TEST_PACKAGES := docker-registry bats jq skopeo
 
 .PHONY: deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
 

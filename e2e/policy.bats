@@ -132,3 +132,15 @@ load helpers
 @test "policy-server 1.35 refuses the OCI capability: kept, the warning says what to grant where" {
   check_case capability-not-granted
 }
+
+@test "credentials the mirror refused: the warning names the registry and the PolicyServer's imagePullSecret" {
+  check_case credentials-refused
+}
+
+@test "Docker Hub's 401 (a repository that does not exist) does not blame policy-server's credentials" {
+  check_case docker-hub-401
+}
+
+@test "a digest the pull-through cache has not stored is asked for by its tag, and swapped when the tag names it" {
+  check_case digest-pinned-first-pull
+}

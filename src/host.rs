@@ -5,12 +5,14 @@
 //! the host's error (policy-evaluator's `runtimes/callback.rs`:
 //! `format!("Callback evaluation failure: {e:?}")`): a first line, then a `Caused by:` list, and a
 //! `Stack backtrace:` when the host runs with `RUST_BACKTRACE=1`. [`read_host_error`] turns it
-//! into one line for a person, and classifies it from the registry's own words only.
+//! into one line for a person, and classifies it from the registry's own words only; a refusal
+//! of policy-server's credentials is told apart from other lookup errors, because the operator
+//! fixes it in one place (the PolicyServer's `imagePullSecret`).
 
 use kubewarden_policy_sdk::Error;
 use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
 
-use crate::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry};
+use crate::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry, registry_host};
 use crate::text::truncated;
 
 /// How registries word "no such manifest or repository" in the `message` of their error
@@ -45,6 +47,36 @@ pub const ABSENT_MESSAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// How registries word "your credentials were refused, or you have none that allow this" in
+/// their error envelope (a 403, or a 4xx other than 401: oci-client reads every 401 as
+/// `Not authorized: url U` without the body, `validate_registry_response` in its `client.rs`).
+/// Matched case-insensitively against each message, as [`ABSENT_MESSAGES`] are.
+pub const REFUSED_MESSAGES: &[(&str, &str)] = &[
+    // CNCF distribution (registry/api/v2/errors.go: ErrorCodeUnauthorized, ErrorCodeDenied),
+    // also Docker Hub, GitLab, Zot; Azure Container Registry adds ", visit
+    // https://aka.ms/acr/authorization for more information." (public error reports).
+    ("authentication required", ""),
+    ("requested access to the resource is denied", ""),
+    // Harbor: "unauthorized to access repository: library/x, action: pull: ..."
+    // (src/server/middleware/v2auth); Quay: "access to the requested resource is not
+    // authorized" (endpoints/v2/errors.py: Unauthorized).
+    ("unauthorized", ""),
+    ("access to the requested resource is not authorized", ""),
+    // Amazon ECR: an expired registry token (DENIED, 403) and an IAM refusal ("User: arn:... is
+    // not authorized to perform: ecr:BatchGetImage on resource: ...").
+    ("your authorization token has expired", ""),
+    ("user: ", " is not authorized to perform"),
+    ("not authorized", ""),
+    // Artifact Registry: 403 "Permission \"artifactregistry.repositories.downloadArtifacts\"
+    // denied on resource \"projects/p/locations/l/repositories/r\" (or it may not exist)".
+    ("permission ", " denied on resource"),
+];
+
+/// Docker Hub's names for itself in the URLs the host's client asks (oci-client resolves
+/// `docker.io` to `index.docker.io`). Hub answers 401 for a repository that does not exist, or
+/// is private, exactly as it does for refused credentials.
+const DOCKER_HUB_HOSTS: &[&str] = &["docker.io", "index.docker.io", "registry-1.docker.io"];
+
 /// The longest host text quoted in a message.
 const TEXT_MAX: usize = 300;
 
@@ -58,7 +90,7 @@ const TEXT_MAX: usize = 300;
 /// - Anything else is a lookup error: its first line, and the root cause of the `Caused by:`
 ///   list when the first line does not already say it (`... (Connect): Connection refused (os
 ///   error 111)`).
-pub fn read_host_error(text: &str) -> LookupError {
+pub fn read_host_error(text: &str, image: &str) -> LookupError {
     let text = strip_prefixes(text);
     if let Some(capability) = denied_capability(text) {
         return LookupError::Failed(format!(
@@ -79,11 +111,19 @@ pub fn read_host_error(text: &str) -> LookupError {
     let head = head
         .strip_prefix("Fail to interact with OCI registry: ")
         .unwrap_or(head);
+    // oci-client's `UnauthorizedError` (any 401) and `AuthenticationFailure` (the token server
+    // refused): the registry's words are not in the text, only that it said no.
+    if head.starts_with("Not authorized: url ") || head.starts_with("Authentication failure: ") {
+        return credentials_refused(&one_line(head), image);
+    }
     if let Some(messages) = envelope_messages(head) {
         // Absent only when the registry says nothing else: "authentication required; manifest
         // unknown" is a registry that could not be asked properly, not a pruned image.
         let absent = messages.iter().all(|m| is_absent_message(m));
         let line = one_line(&format!("registry: {}", messages.join("; ")));
+        if messages.iter().any(|m| is_refused_message(m)) {
+            return credentials_refused(&line, image);
+        }
         return if absent {
             LookupError::Absent(line)
         } else {
@@ -96,6 +136,9 @@ pub fn read_host_error(text: &str) -> LookupError {
         } else {
             format!("HTTP {code} from {url}: {message}")
         });
+        if code == "401" || code == "403" {
+            return credentials_refused(&line, image);
+        }
         return if code == "404" && url.contains("/manifests/") {
             LookupError::Absent(line)
         } else {
@@ -108,6 +151,26 @@ pub fn read_host_error(text: &str) -> LookupError {
         _ => head,
     };
     LookupError::Failed(bounded(&line))
+}
+
+/// A lookup the registry refused for want of valid credentials: a lookup error whose text says
+/// whose credentials they were and where they come from, since that is where the operator fixes
+/// it. policy-server reads them from the docker config of the PolicyServer's `imagePullSecret`
+/// at every lookup (policy-fetcher asks the `docker_credential` crate), so a renewed Secret is
+/// used within the kubelet's update of the volume, without a restart.
+fn credentials_refused(said: &str, image: &str) -> LookupError {
+    let host = registry_host(image);
+    let said = truncated(said, TEXT_MAX / 2);
+    if DOCKER_HUB_HOSTS.contains(&host) {
+        return LookupError::Failed(format!(
+            "Docker Hub refused it ({said}): Hub answers so for a repository that does not exist or is private as well as for refused credentials, so check the image name before policy-server's credentials for docker.io"
+        ));
+    }
+    LookupError::Failed(format!(
+        "registry {} refused policy-server's credentials for it, or policy-server has none ({said}): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for {} there (ECR tokens expire after 12 hours)",
+        truncated(host, 100),
+        truncated(host, 100)
+    ))
 }
 
 /// The waPC guest library and the host wrap the text in "Host error: " and
@@ -172,8 +235,16 @@ fn server_error(head: &str) -> Option<(&str, &str, &str)> {
 }
 
 fn is_absent_message(message: &str) -> bool {
+    matches_wording(message, ABSENT_MESSAGES)
+}
+
+fn is_refused_message(message: &str) -> bool {
+    matches_wording(message, REFUSED_MESSAGES)
+}
+
+fn matches_wording(message: &str, wordings: &[(&str, &str)]) -> bool {
     let message = message.trim().to_ascii_lowercase();
-    ABSENT_MESSAGES.iter().any(|(start, then)| {
+    wordings.iter().any(|(start, then)| {
         message
             .strip_prefix(start)
             .is_some_and(|rest| rest.contains(then))
@@ -206,7 +277,7 @@ impl Registry for KubewardenHost {
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
         match oci::get_manifest_digest(image) {
             Ok(answer) => Ok(answer.digest),
-            Err(error) => Err(lookup_error(error)),
+            Err(error) => Err(lookup_error(error, image)),
         }
     }
 
@@ -242,16 +313,16 @@ impl Registry for KubewardenHost {
                     })
                     .collect(),
             }),
-            Err(error) => Err(lookup_error(error)),
+            Err(error) => Err(lookup_error(error, image)),
         }
     }
 }
 
 /// A failed host call: the host's text, read for "absent"; any other SDK error (an answer
 /// that does not deserialise) is a lookup error.
-fn lookup_error(error: Error) -> LookupError {
+fn lookup_error(error: Error, image: &str) -> LookupError {
     match error {
-        Error::HostCall { source, .. } => read_host_error(&source.to_string()),
+        Error::HostCall { source, .. } => read_host_error(&source.to_string(), image),
         other => LookupError::Failed(one_line(&other.to_string())),
     }
 }
@@ -293,7 +364,7 @@ mod tests {
     #[case::an_absent_wording_among_other_errors_is_not_absent(
         "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: authentication required\nOCI API error: manifest unknown]",
         false,
-        "registry: authentication required; manifest unknown"
+        "registry m.io refused policy-server's credentials for it, or policy-server has none (registry: authentication required; manifest unknown): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for m.io there (ECR tokens expire after 12 hours)"
     )]
     #[case::two_absent_wordings(
         "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: manifest unknown\nOCI API error: repository name not known to registry]",
@@ -330,7 +401,7 @@ mod tests {
         #[case] absent: bool,
         #[case] line: &str,
     ) {
-        let read = read_host_error(text);
+        let read = read_host_error(text, "m.io/x:1");
         match (&read, absent) {
             (LookupError::Absent(got), true) | (LookupError::Failed(got), false) => {
                 assert_eq!(got, line);
@@ -338,6 +409,86 @@ mod tests {
             }
             _ => panic!("{read:?}: expected absent = {absent}"),
         }
+    }
+
+    /// Refused credentials, in the host's words for a 401 (recorded from policy-server 1.31
+    /// against a registry with basic auth), a token server's refusal, and each registry's words
+    /// in a 403: one line that names the registry and where policy-server's credentials come
+    /// from. Docker Hub's 401 is also its answer for a missing repository: it says so instead.
+    #[rstest]
+    #[case::not_authorized(
+        "Callback evaluation failure: Fail to interact with OCI registry: Not authorized: url https://m.io:5443/v2/up/library/app/manifests/t2\n\nCaused by:\n    Not authorized: url https://m.io:5443/v2/up/library/app/manifests/t2",
+        "m.io:5443/up/library/app:t2",
+        "registry m.io:5443 refused policy-server's credentials for it, or policy-server has none (Not authorized: url https://m.io:5443/v2/up/library/app/manifests/t2): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for m.io:5443 there (ECR tokens expire after 12 hours)"
+    )]
+    #[case::not_authorized_with_backtrace(
+        &format!("Fail to interact with OCI registry: Not authorized: url https://m.io/v2/x/manifests/1\n\nCaused by:\n    Not authorized: url https://m.io/v2/x/manifests/1{BACKTRACE}"),
+        "m.io/x:1",
+        "registry m.io refused policy-server's credentials for it, or policy-server has none (Not authorized: url https://m.io/v2/x/manifests/1): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for m.io there (ECR tokens expire after 12 hours)"
+    )]
+    #[case::token_server(
+        "Fail to interact with OCI registry: Authentication failure: {\"details\":\"incorrect username or password\"}\n",
+        "harbor.example.com/quay/app:1",
+        "registry harbor.example.com refused policy-server's credentials for it, or policy-server has none (Authentication failure: {\"details\":\"incorrect username or password\"}): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for harbor.example.com there (ECR tokens expire after 12 hours)"
+    )]
+    #[case::ecr_token_expired(
+        "Fail to interact with OCI registry: Registry error: url https://123456789012.dkr.ecr.eu-west-1.amazonaws.com/v2/cache/app/manifests/1, envelope: OCI API errors: [OCI API error: Your authorization token has expired. Reauthenticate and try again.]",
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/cache/app:1",
+        "registry 123456789012.dkr.ecr.eu-west-1.amazonaws.com refused policy-server's credentials for it, or policy-server has none (registry: Your authorization token has expired. Reauthenticate and try again.): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for 123456789012.dkr.ecr.eu-west-1.amazonaws.com there (ECR tokens expire after 12 hours)"
+    )]
+    #[case::docker_hub_401(
+        "Fail to interact with OCI registry: Not authorized: url https://index.docker.io/v2/myorg/nope/manifests/1.0\n\nCaused by:\n    Not authorized: url https://index.docker.io/v2/myorg/nope/manifests/1.0",
+        "docker.io/myorg/nope:1.0",
+        "Docker Hub refused it (Not authorized: url https://index.docker.io/v2/myorg/nope/manifests/1.0): Hub answers so for a repository that does not exist or is private as well as for refused credentials, so check the image name before policy-server's credentials for docker.io"
+    )]
+    fn refused_credentials_name_the_registry_and_the_secret(
+        #[case] text: &str,
+        #[case] image: &str,
+        #[case] line: &str,
+    ) {
+        assert_eq!(
+            read_host_error(text, image),
+            LookupError::Failed(line.to_string())
+        );
+    }
+
+    /// Every registry's wording for refused credentials or denied access, and wordings that
+    /// only look alike.
+    #[rstest]
+    #[case::distribution_unauthorized("authentication required", true)]
+    #[case::distribution_denied("requested access to the resource is denied", true)]
+    #[case::acr(
+        "authentication required, visit https://aka.ms/acr/authorization for more information.",
+        true
+    )]
+    #[case::harbor(
+        "unauthorized to access repository: library/nginx, action: pull: unauthorized to access repository: library/nginx, action: pull",
+        true
+    )]
+    #[case::quay("access to the requested resource is not authorized", true)]
+    #[case::ecr_expired(
+        "Your authorization token has expired. Reauthenticate and try again.",
+        true
+    )]
+    #[case::ecr_iam(
+        "User: arn:aws:sts::123456789012:assumed-role/node/i-0 is not authorized to perform: ecr:BatchGetImage on resource: arn:aws:ecr:eu-west-1:123456789012:repository/cache/app",
+        true
+    )]
+    #[case::artifact_registry(
+        "Permission \"artifactregistry.repositories.downloadArtifacts\" denied on resource \"projects/p/locations/europe/repositories/r\" (or it may not exist)",
+        true
+    )]
+    #[case::absent("manifest unknown", false)]
+    #[case::rate_limited("toomanyrequests: You have reached your pull rate limit.", false)]
+    #[case::unavailable("service unavailable", false)]
+    fn refusal_wordings_are_read_from_the_envelope(#[case] message: &str, #[case] refused: bool) {
+        let text = format!(
+            "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: {message}]"
+        );
+        let read = read_host_error(&text, "m.io/x:1");
+        let blames_credentials =
+            matches!(&read, LookupError::Failed(line) if line.contains("imagePullSecret"));
+        assert_eq!(blames_credentials, refused, "{read:?}");
     }
 
     /// Every registry's wording for a missing manifest or repository, and wordings that only
@@ -374,7 +525,7 @@ mod tests {
             "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: {message}]"
         );
         assert_eq!(
-            matches!(read_host_error(&text), LookupError::Absent(_)),
+            matches!(read_host_error(&text, "m.io/x:1"), LookupError::Absent(_)),
             absent,
             "{message}"
         );
@@ -390,7 +541,7 @@ mod tests {
     )]
     fn words_in_the_url_are_never_read(#[case] text: &str) {
         assert!(
-            matches!(read_host_error(text), LookupError::Failed(_)),
+            matches!(read_host_error(text, "m.io/x:1"), LookupError::Failed(_)),
             "{text}"
         );
     }
@@ -398,7 +549,7 @@ mod tests {
     #[test]
     fn long_texts_are_bounded() {
         let text = format!("something new: {}", "x".repeat(5_000));
-        let LookupError::Failed(line) = read_host_error(&text) else {
+        let LookupError::Failed(line) = read_host_error(&text, "m.io/x:1") else {
             panic!("not a failure");
         };
         assert!(line.chars().count() <= TEXT_MAX + 1, "{}", line.len());

@@ -79,7 +79,15 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Registry error: url {URL}, envelope: OCI API errors: [OCI API error: authentication required]"
             )),
             Expect::LookupError,
-            "could not look it up (registry: authentication required)",
+            "could not look it up (registry mirror.example.com refused policy-server's credentials for it, or policy-server has none (registry: authentication required): lookups use the docker config in the PolicyServer's imagePullSecret",
+        ),
+        (
+            "credentials refused (any 401)",
+            error(format!(
+                "Fail to interact with OCI registry: Not authorized: url {URL}\n\nCaused by:\n    Not authorized: url {URL}"
+            )),
+            Expect::LookupError,
+            "could not look it up (registry mirror.example.com refused policy-server's credentials for it, or policy-server has none (Not authorized: url https://mirror.example.com/v2/dockerhub/library/nginx/manifests/1.27): lookups use the docker config in the PolicyServer's imagePullSecret",
         ),
         (
             "forbidden",
@@ -87,7 +95,7 @@ fn faults() -> Vec<Fault> {
                 "Fail to interact with OCI registry: Server error: url {URL}, code: 403, message: denied"
             )),
             Expect::LookupError,
-            "(HTTP 403 from https://mirror.example.com/v2/dockerhub/library/nginx/manifests/1.27: denied)",
+            "refused policy-server's credentials for it, or policy-server has none (HTTP 403 from https://mirror.example.com/v2/dockerhub/library/nginx/manifests/1.27: denied)",
         ),
         (
             "rate limited",

@@ -164,6 +164,9 @@ fn try_mirror(
                         "could not verify it: the mirror answered digest {answer} for it"
                     )),
                 )),
+                Err(LookupError::Absent(why)) if reference.tag().is_some() => {
+                    by_tag_after_digest(digest, &tagged, lookup, why, registry)
+                }
                 Err(error) => Err((lookup, error.into())),
             }
         }
@@ -223,6 +226,45 @@ fn try_mirror(
             };
             Ok((image, note))
         }
+    }
+}
+
+/// `tag@digest` whose digest the mirror lacks: ask for the tag. A pull-through cache may fill
+/// only on a tag (an ECR pull-through cache answers "not found" for a digest it has not stored,
+/// and stores an image when it is pulled by tag), so when the tag now names that very digest
+/// the mirror holds the image and the swap is pinned to it. Any other answer is the digest's:
+/// the mirror lacks it. Not asked when the budget would likely run out first, which, like any
+/// lookup not made, is `onLookupError`'s case.
+fn by_tag_after_digest(
+    digest: &str,
+    tagged: &str,
+    digest_lookup: String,
+    absent: String,
+    registry: &mut impl Registry,
+) -> Attempt {
+    if !registry.affordable(&[tagged]) {
+        let not_done = "not asked by its tag after the mirror lacked its digest";
+        return Err((
+            digest_lookup,
+            Failure::Budget {
+                not_done,
+                digests: None,
+            },
+        ));
+    }
+    let missing = |also: String| {
+        Err((
+            digest_lookup.clone(),
+            Failure::Missing(format!("the mirror does not have it ({absent}{also})")),
+        ))
+    };
+    match verified_digest(registry, tagged) {
+        Ok(answer) if answer == digest => Ok((joined(tagged, '@', digest), None)),
+        Ok(answer) => missing(format!(
+            "; its tag {} names another digest, {answer}",
+            quote(tagged)
+        )),
+        Err(_) => missing(String::new()),
     }
 }
 
@@ -420,6 +462,96 @@ mod tests {
             "{outcome}\n  should start with\n{expected}"
         );
         assert_eq!(registry.asked.len(), lookups, "{:?}", registry.asked);
+    }
+
+    const HUB: &str = r#""mirrors":[{"source":"docker.io","target":"m.io/hub"}]"#;
+    const TAGGED: &str = "m.io/hub/library/app:1.0";
+
+    fn by_digest(digest: &str) -> String {
+        format!("m.io/hub/library/app@{digest}")
+    }
+
+    /// `tag@digest` whose digest the mirror lacks: the tag is asked, and only a tag that names
+    /// that very digest (a pull-through cache that fills on a tag has just stored it) swaps.
+    #[rstest]
+    #[case::the_tag_names_the_digest(
+        Ok(DIGEST_A),
+        &format!("swap {TAGGED}@{DIGEST_A} secret None")
+    )]
+    #[case::the_tag_names_another_digest(
+        Ok(DIGEST_B),
+        &format!("keep Absent: image \"app:1.0@{DIGEST_A}\": kept, not swapped to \"{}\": the mirror does not have it (registry: manifest unknown; its tag \"{TAGGED}\" names another digest, {DIGEST_B})", by_digest(DIGEST_A))
+    )]
+    #[case::the_tag_is_missing_too(
+        absent(),
+        &format!("keep Absent: image \"app:1.0@{DIGEST_A}\": kept, not swapped to \"{}\": the mirror does not have it (registry: manifest unknown)", by_digest(DIGEST_A))
+    )]
+    #[case::the_tag_cannot_be_asked(
+        refused(),
+        &format!("keep Absent: image \"app:1.0@{DIGEST_A}\": kept, not swapped to \"{}\": the mirror does not have it (registry: manifest unknown)", by_digest(DIGEST_A))
+    )]
+    fn a_missing_digest_is_asked_for_by_its_tag(
+        #[case] tag: Result<&str, LookupError>,
+        #[case] expected: &str,
+    ) {
+        let policy = policy_from(&format!("{{{HUB}}}"));
+        let mut registry = FakeRegistry::default()
+            .with(&by_digest(DIGEST_A), absent())
+            .with(TAGGED, tag);
+        let image = format!("app:1.0@{DIGEST_A}");
+        assert_eq!(outcome(&decide(&image, &policy, &mut registry)), expected);
+        assert_eq!(registry.asked, [by_digest(DIGEST_A), TAGGED.to_string()]);
+    }
+
+    /// A digest the mirror holds, a digest without a tag, and a digest that could not be asked
+    /// need no second lookup.
+    #[rstest]
+    #[case::held(&format!("app:1.0@{DIGEST_A}"), Ok(DIGEST_A))]
+    #[case::no_tag_to_ask(&format!("app@{DIGEST_A}"), absent())]
+    #[case::lookup_error(&format!("app:1.0@{DIGEST_A}"), refused())]
+    fn the_tag_is_asked_only_when_the_digest_is_missing(
+        #[case] image: &str,
+        #[case] answer: Result<&str, LookupError>,
+    ) {
+        let policy = policy_from(&format!("{{{HUB}}}"));
+        let mut registry = FakeRegistry::default()
+            .with(&by_digest(DIGEST_A), answer)
+            .with(TAGGED, Ok(DIGEST_A));
+        decide(image, &policy, &mut registry);
+        assert_eq!(registry.asked, [by_digest(DIGEST_A)]);
+    }
+
+    /// The tag's lookup is planned like any other: when it would likely end past the budget it
+    /// is not made, and the image follows onLookupError with the budget's reason.
+    #[test]
+    fn the_tag_after_a_missing_digest_is_not_asked_past_the_budget() {
+        struct OneLookup(FakeRegistry);
+        impl crate::registry::Registry for OneLookup {
+            fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
+                self.0.manifest_digest(image)
+            }
+            fn manifest(&mut self, image: &str) -> Result<crate::registry::Manifest, LookupError> {
+                self.0.manifest(image)
+            }
+            fn affordable(&mut self, _images: &[&str]) -> bool {
+                self.0.asked.is_empty()
+            }
+        }
+        let policy = policy_from(&format!(r#"{{{HUB},"onMissing":"reject"}}"#));
+        let mut registry = OneLookup(
+            FakeRegistry::default()
+                .with(&by_digest(DIGEST_A), absent())
+                .with(TAGGED, Ok(DIGEST_A)),
+        );
+        let decision = decide(&format!("app:1.0@{DIGEST_A}"), &policy, &mut registry);
+        assert_eq!(
+            outcome(&decision),
+            format!(
+                "keep Budget: image \"app:1.0@{DIGEST_A}\": kept, not swapped to \"{}\": not asked by its tag after the mirror lacked its digest: the lookup budget of 800 ms was spent",
+                by_digest(DIGEST_A)
+            )
+        );
+        assert_eq!(registry.0.asked, [by_digest(DIGEST_A)]);
     }
 
     #[test]

@@ -388,6 +388,10 @@ mod tests {
         r#"{"mirrors":[{"source":"Quay.io/argoproj","target":"m.io/q"}]}"#,
         "mirrors[0].source: \"Quay.io/argoproj\": registry host \"Quay.io\" has upper-case letters, and image references are matched as written (in lower case): write \"quay.io/argoproj\""
     )]
+    #[case::upper_case_source_without_a_dot_is_refused_for_its_capitals(
+        r#"{"mirrors":[{"source":"FOO","target":"m.io/foo"}]}"#,
+        "mirrors[0].source: \"FOO\": registry host \"FOO\" has upper-case letters, and image references are matched as written (in lower case): write the registry's host name in lower case with its domain or port (\"foo\" alone would be read as docker.io/foo)"
+    )]
     #[case::upper_case_target_host(
         r#"{"mirrors":[{"source":"quay.io","target":"Mirror.example.com/q"}]}"#,
         "mirrors[0].target: \"Mirror.example.com/q\": registry host \"Mirror.example.com\" has upper-case letters"

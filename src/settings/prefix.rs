@@ -25,18 +25,27 @@ pub(super) fn parse_prefix(field: &str, value: &str) -> Result<Prefix, String> {
             "{field}: {value:?}: {host:?} is not a valid registry host[:port]"
         ));
     }
+    // Runtimes keep a host as written, and images name hosts in lower case: a rule for
+    // "Quay.io" would match no image, and a target with capitals would never be recognised as
+    // the "quay.io" an image names. Checked before the host's form: runtimes read a first
+    // segment with capitals as a host ("FOO/bar" is host FOO), so "FOO" fails for its capitals,
+    // not for wanting a '.'.
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        let lower = host.to_ascii_lowercase();
+        let fix = if looks_like_registry_host(&lower) {
+            format!("write {:?}", value.replacen(host, &lower, 1))
+        } else {
+            format!(
+                "write the registry's host name in lower case with its domain or port ({lower:?} alone would be read as docker.io/{lower})"
+            )
+        };
+        return Err(format!(
+            "{field}: {value:?}: registry host {host:?} has upper-case letters, and image references are matched as written (in lower case): {fix}"
+        ));
+    }
     if !looks_like_registry_host(host) {
         return Err(format!(
             "{field}: {value:?}: {host:?} is not a registry host (it needs a '.', a ':port' or to be localhost), so runtimes would read it as docker.io/{value}"
-        ));
-    }
-    // Runtimes keep a host as written, and images name hosts in lower case: a rule for
-    // "Quay.io" would match no image, and a target with capitals would never be recognised as
-    // the "quay.io" an image names.
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        return Err(format!(
-            "{field}: {value:?}: registry host {host:?} has upper-case letters, and image references are matched as written (in lower case): write {:?}",
-            value.replacen(host, &host.to_ascii_lowercase(), 1)
         ));
     }
     if let Some(bad) = path

@@ -3,7 +3,7 @@
 //! the host's process-wide lock around lookups.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -123,6 +123,14 @@ pub struct LiveHost {
     pub exchanges: Vec<Exchange>,
     /// Append a stack backtrace to error texts, as a host under `RUST_BACKTRACE=1` does.
     pub backtrace: bool,
+    /// The directory of a docker config (`config.json` in it), as kubewarden-controller mounts
+    /// the PolicyServer's `imagePullSecret`: read at every lookup, as policy-fetcher reads it
+    /// (the `docker_credential` crate), so that a Secret the kubelet updated is used at once.
+    pub docker_config: Option<PathBuf>,
+    /// Registry hosts answered by a registry on loopback (`docker.io` -> `127.0.0.1:PORT`), as
+    /// a resolver would send them there; texts name the host as the real client writes it
+    /// (`https://index.docker.io/...`).
+    pub aliases: BTreeMap<String, String>,
 }
 
 /// `host/repository[:tag|@digest]` split as the registry API needs it.
@@ -153,6 +161,34 @@ fn closed_without_answer(transport: &ureq::Transport) -> bool {
 /// The prefix policy-fetcher's `RegistryError::OCIRegistryError` puts before oci-client's error.
 const REGISTRY_PREFIX: &str = "Fail to interact with OCI registry";
 
+/// One lookup's client: where it connects, how the host's client names that place in its
+/// texts, and the credentials it sends.
+struct Session {
+    agent: ureq::Agent,
+    /// `http://127.0.0.1:PORT`: where requests go.
+    base: String,
+    /// `http://127.0.0.1:PORT`, or `https://index.docker.io` for an alias: what texts say.
+    shown: String,
+    authorization: Option<String>,
+}
+
+impl Session {
+    fn urls(&self, path: &str) -> (String, String) {
+        (
+            format!("{}{path}", self.base),
+            format!("{}{path}", self.shown),
+        )
+    }
+
+    fn request(&self, method: &str, url: &str) -> ureq::Request {
+        let request = self.agent.request(method, url).set("Accept", ACCEPT);
+        match &self.authorization {
+            Some(value) => request.set("Authorization", value),
+            None => request,
+        }
+    }
+}
+
 impl LiveHost {
     /// One client per lookup, as the host builds one per call: its connection serves the
     /// lookup's requests and is closed with it, never reused by the next lookup. Like the
@@ -166,28 +202,71 @@ impl LiveHost {
             .build()
     }
 
-    /// The host's OCI client pings `/v2/` before its first request (authentication discovery).
-    fn ping(&self, agent: &ureq::Agent, host: &str, url: &str) -> Result<(), String> {
-        match agent.get(&format!("http://{host}/v2/")).call() {
-            // Reading the body returns the connection to the client for the lookup itself.
-            Ok(response) => response.into_string().map(drop).map_err(|e| e.to_string()),
-            Err(ureq::Error::Status(..)) => Ok(()),
-            Err(error) => Err(self.error_text(url, error)),
+    /// The credentials the docker config holds for `host` (`auths.<host>.auth`, or its
+    /// `username` and `password`), read afresh: none when there is no config or no entry.
+    fn credentials(&self, host: &str) -> Option<String> {
+        let dir = self.docker_config.as_ref()?;
+        let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+        let config: Value = serde_json::from_str(&text).ok()?;
+        let entry = config.get("auths")?.get(host)?;
+        if let Some(auth) = entry.get("auth").and_then(Value::as_str) {
+            return Some(format!("Basic {auth}"));
         }
+        let user = entry.get("username")?.as_str()?;
+        let password = entry.get("password")?.as_str()?;
+        Some(super::registry::basic_auth(user, password))
     }
 
-    fn get(&self, agent: &ureq::Agent, url: &str) -> Result<ureq::Response, String> {
-        agent
-            .get(url)
-            .set("Accept", ACCEPT)
-            .call()
-            .map_err(|e| self.error_text(url, e))
+    /// The host's OCI client pings `/v2/` before its first request (oci-client's `auth`): a
+    /// `WWW-Authenticate: Basic` challenge makes it send the docker config's credentials for
+    /// the registry with every request after, when it has any; otherwise it asks anonymously.
+    fn session(&self, host: &str, path: &str) -> Result<Session, String> {
+        let (base, shown) = match self.aliases.get(host) {
+            Some(address) => {
+                let named = if host == "docker.io" {
+                    "index.docker.io"
+                } else {
+                    host
+                };
+                (format!("http://{address}"), format!("https://{named}"))
+            }
+            None => (format!("http://{host}"), format!("http://{host}")),
+        };
+        let agent = Self::client();
+        let challenge = match agent.get(&format!("{base}/v2/")).call() {
+            // Reading the body returns the connection to the client for the lookup itself.
+            Ok(response) => {
+                response.into_string().map_err(|e| e.to_string())?;
+                None
+            }
+            Err(ureq::Error::Status(_, response)) => {
+                let challenge = response.header("WWW-Authenticate").map(str::to_string);
+                let _ = response.into_string();
+                challenge
+            }
+            Err(error) => return Err(self.error_text(&format!("{shown}{path}"), error)),
+        };
+        let authorization = challenge
+            .filter(|c| c.to_ascii_lowercase().starts_with("basic"))
+            .and_then(|_| self.credentials(host));
+        Ok(Session {
+            agent,
+            base,
+            shown,
+            authorization,
+        })
     }
 
     /// The texts Kubewarden's host (policy-fetcher over oci-client over reqwest) gives, whole,
-    /// as recorded from kwctl 1.31.
+    /// as recorded from kwctl 1.31. Any 401 is oci-client's `UnauthorizedError`, which carries
+    /// the URL and none of the registry's words (`validate_registry_response`, oci-client
+    /// `client.rs`).
     fn error_text(&self, url: &str, error: ureq::Error) -> String {
         let chain: Vec<String> = match error {
+            ureq::Error::Status(401, _) => {
+                let error = format!("Not authorized: url {url}");
+                vec![format!("{REGISTRY_PREFIX}: {error}"), error]
+            }
             ureq::Error::Status(code, response) => {
                 let body = response.into_string().unwrap_or_default();
                 let messages: Vec<String> = serde_json::from_str::<Value>(&body)
@@ -239,12 +318,25 @@ impl LiveHost {
         anyhow_debug(&chain, self.backtrace)
     }
 
-    fn manifest_digest(&self, image: &str) -> Result<String, String> {
+    fn get(&self, session: &Session, urls: &(String, String)) -> Result<ureq::Response, String> {
+        session
+            .request("GET", &urls.0)
+            .call()
+            .map_err(|e| self.error_text(&urls.1, e))
+    }
+
+    /// The manifest URL of `image`, and the session that asks it.
+    fn open(&self, image: &str) -> Result<(Session, (String, String), String), String> {
         let (host, repository, reference) = locate(image)?;
-        let url = format!("http://{host}/v2/{repository}/manifests/{reference}");
-        let agent = Self::client();
-        self.ping(&agent, &host, &url)?;
-        match agent.head(&url).set("Accept", ACCEPT).call() {
+        let path = format!("/v2/{repository}/manifests/{reference}");
+        let session = self.session(&host, &path)?;
+        let urls = session.urls(&path);
+        Ok((session, urls, repository))
+    }
+
+    fn manifest_digest(&self, image: &str) -> Result<String, String> {
+        let (session, urls, _) = self.open(image)?;
+        match session.request("HEAD", &urls.0).call() {
             Ok(response) => match response.header("Docker-Content-Digest") {
                 Some(digest) => Ok(json!({ "digest": digest }).to_string()),
                 None => Err(anyhow_debug(
@@ -254,33 +346,28 @@ impl LiveHost {
                     self.backtrace,
                 )),
             },
-            // A HEAD answer has no body: ask again for the registry's own words.
+            // A HEAD answer has no body, and no digest header: the client asks again with a
+            // GET and reads that answer (oci-client's `fetch_manifest_digest`).
             Err(ureq::Error::Status(..)) => Err(self
-                .get(&agent, &url)
+                .get(&session, &urls)
                 .err()
-                .unwrap_or_else(|| format!("{url} answered HEAD and GET differently"))),
-            Err(error) => Err(self.error_text(&url, error)),
+                .unwrap_or_else(|| format!("{} answered HEAD and GET differently", urls.1))),
+            Err(error) => Err(self.error_text(&urls.1, error)),
         }
     }
 
     fn manifest(&self, image: &str) -> Result<Value, String> {
-        let (host, repository, reference) = locate(image)?;
-        let url = format!("http://{host}/v2/{repository}/manifests/{reference}");
-        let agent = Self::client();
-        self.ping(&agent, &host, &url)?;
+        let (session, urls, _) = self.open(image)?;
         let body = self
-            .get(&agent, &url)?
+            .get(&session, &urls)?
             .into_string()
             .map_err(|e| e.to_string())?;
         serde_json::from_str(&body).map_err(|e| format!("manifest of {image} is not JSON: {e}"))
     }
 
     fn manifest_and_config(&self, image: &str) -> Result<String, String> {
-        let (host, repository, reference) = locate(image)?;
-        let url = format!("http://{host}/v2/{repository}/manifests/{reference}");
-        let agent = Self::client();
-        self.ping(&agent, &host, &url)?;
-        let response = self.get(&agent, &url)?;
+        let (session, urls, repository) = self.open(image)?;
+        let response = self.get(&session, &urls)?;
         let digest = response
             .header("Docker-Content-Digest")
             .unwrap_or_default()
@@ -291,10 +378,10 @@ impl LiveHost {
             .pointer("/config/digest")
             .and_then(Value::as_str)
             .ok_or_else(|| format!("{REGISTRY_PREFIX}: {image} is not an image manifest"))?;
-        let config_url = format!("http://{host}/v2/{repository}/blobs/{config_digest}");
+        let config_urls = session.urls(&format!("/v2/{repository}/blobs/{config_digest}"));
         let config: Value = serde_json::from_str(
             &self
-                .get(&agent, &config_url)?
+                .get(&session, &config_urls)?
                 .into_string()
                 .map_err(|e| e.to_string())?,
         )

@@ -6,6 +6,7 @@ pub mod hanging;
 pub mod hosts;
 pub mod images;
 pub mod proxy;
+pub mod pull_through;
 pub mod registry;
 pub mod wapc;
 

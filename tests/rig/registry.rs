@@ -1,5 +1,7 @@
 //! A real OCI registry on loopback (Debian's `docker-registry`, the CNCF distribution server),
-//! started and stopped by the tests, and a small client that pushes and deletes manifests.
+//! started and stopped by the tests, and a small client that pushes and deletes manifests. It
+//! runs plain, with basic auth (an htpasswd file, as a registry whose credentials expire), or
+//! in proxy mode (a pull-through cache of another registry).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -19,10 +21,46 @@ pub struct TestRegistry {
     storage: PathBuf,
     child: Option<Child>,
     agent: ureq::Agent,
+    /// With basic auth: the user the tests push as, and its password.
+    credentials: Option<(String, String)>,
+}
+
+/// What a registry adds to the plain configuration.
+enum Mode<'a> {
+    Plain,
+    /// Basic auth from an htpasswd file (distribution's `auth.htpasswd`).
+    BasicAuth {
+        user: &'a str,
+        password: &'a str,
+    },
+    /// A pull-through cache of `upstream` (distribution's `proxy.remoteurl`).
+    Proxy {
+        upstream: &'a str,
+    },
 }
 
 impl TestRegistry {
     pub fn start(name: &str) -> anyhow::Result<TestRegistry> {
+        Self::start_in(name, Mode::Plain)
+    }
+
+    /// A registry that accepts only `user` with `password` (basic auth, as distribution's
+    /// htpasswd access controller does it: 401 with `WWW-Authenticate: Basic` otherwise).
+    pub fn start_with_basic_auth(
+        name: &str,
+        user: &str,
+        password: &str,
+    ) -> anyhow::Result<TestRegistry> {
+        Self::start_in(name, Mode::BasicAuth { user, password })
+    }
+
+    /// A pull-through cache of the registry at `upstream` (`127.0.0.1:PORT`, plain HTTP): it
+    /// fetches what it is asked for from the upstream, keeps it, and refuses pushes.
+    pub fn start_proxy(name: &str, upstream: &str) -> anyhow::Result<TestRegistry> {
+        Self::start_in(name, Mode::Proxy { upstream })
+    }
+
+    fn start_in(name: &str, mode: Mode<'_>) -> anyhow::Result<TestRegistry> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let host = format!("127.0.0.1:{port}");
         let dir = std::env::temp_dir().join(format!(
@@ -32,13 +70,27 @@ impl TestRegistry {
         let storage = dir.join("storage");
         std::fs::create_dir_all(&storage)?;
         let config = dir.join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
-                storage.display()
-            ),
-        )?;
+        let mut yaml = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
+            storage.display()
+        );
+        let mut credentials = None;
+        match mode {
+            Mode::Plain => {}
+            Mode::BasicAuth { user, password } => {
+                let htpasswd = dir.join("htpasswd");
+                write_htpasswd(&htpasswd, user, password)?;
+                yaml.push_str(&format!(
+                    "auth:\n  htpasswd:\n    realm: rig\n    path: {}\n",
+                    htpasswd.display()
+                ));
+                credentials = Some((user.to_string(), password.to_string()));
+            }
+            Mode::Proxy { upstream } => {
+                yaml.push_str(&format!("proxy:\n  remoteurl: http://{upstream}\n"));
+            }
+        }
+        std::fs::write(&config, yaml)?;
         let agent = ureq::AgentBuilder::new()
             .timeout(Duration::from_secs(10))
             .build();
@@ -48,9 +100,32 @@ impl TestRegistry {
             storage,
             child: None,
             agent,
+            credentials,
         };
         registry.resume()?;
         Ok(registry)
+    }
+
+    /// Restarts a registry with basic auth so that it accepts `password` only: the old
+    /// credentials are refused from now on, as an expired registry token is.
+    pub fn change_password(&mut self, password: &str) -> anyhow::Result<()> {
+        let Some((user, _)) = self.credentials.clone() else {
+            bail!("{} has no basic auth", self.host);
+        };
+        self.stop();
+        let htpasswd = self.config.with_file_name("htpasswd");
+        write_htpasswd(&htpasswd, &user, password)?;
+        self.credentials = Some((user, password.to_string()));
+        self.resume()
+    }
+
+    /// A request with the registry's credentials, when it has any.
+    fn request(&self, method: &str, url: &str) -> ureq::Request {
+        let request = self.agent.request(method, url);
+        match &self.credentials {
+            Some((user, password)) => request.set("Authorization", &basic_auth(user, password)),
+            None => request,
+        }
     }
 
     /// Starts the process again on the same port and storage, after [`TestRegistry::stop`].
@@ -67,13 +142,10 @@ impl TestRegistry {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
-            if self
-                .agent
-                .get(&format!("http://{}/v2/", self.host))
-                .call()
-                .is_ok()
-            {
-                return Ok(());
+            // A registry with auth answers 401: it is up.
+            match self.agent.get(&format!("http://{}/v2/", self.host)).call() {
+                Ok(_) | Err(ureq::Error::Status(..)) => return Ok(()),
+                Err(ureq::Error::Transport(_)) => {}
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -96,11 +168,10 @@ impl TestRegistry {
     pub fn push_blob(&self, repository: &str, bytes: &[u8]) -> anyhow::Result<String> {
         let digest = sha256(bytes);
         let started = self
-            .agent
-            .post(&format!(
-                "http://{}/v2/{repository}/blobs/uploads/",
-                self.host
-            ))
+            .request(
+                "POST",
+                &format!("http://{}/v2/{repository}/blobs/uploads/", self.host),
+            )
             .call()
             .context("starting a blob upload")?;
         let location = started
@@ -113,8 +184,7 @@ impl TestRegistry {
             format!("http://{}{location}", self.host)
         };
         let separator = if location.contains('?') { '&' } else { '?' };
-        self.agent
-            .put(&format!("{location}{separator}digest={digest}"))
+        self.request("PUT", &format!("{location}{separator}digest={digest}"))
             .set("Content-Type", "application/octet-stream")
             .send_bytes(bytes)
             .context("finishing a blob upload")?;
@@ -129,8 +199,7 @@ impl TestRegistry {
         media_type: &str,
         bytes: &[u8],
     ) -> anyhow::Result<String> {
-        self.agent
-            .put(&self.url(repository, "manifests", reference))
+        self.request("PUT", &self.url(repository, "manifests", reference))
             .set("Content-Type", media_type)
             .send_bytes(bytes)
             .with_context(|| format!("pushing manifest {repository}:{reference}"))?;
@@ -139,8 +208,7 @@ impl TestRegistry {
 
     /// Deletes a manifest by digest, as a registry lifecycle rule does.
     pub fn delete_manifest(&self, repository: &str, digest: &str) -> anyhow::Result<()> {
-        self.agent
-            .delete(&self.url(repository, "manifests", digest))
+        self.request("DELETE", &self.url(repository, "manifests", digest))
             .call()
             .with_context(|| format!("deleting {repository}@{digest}"))?;
         Ok(())
@@ -154,6 +222,21 @@ impl Drop for TestRegistry {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// An htpasswd file with one user, its password hashed with bcrypt (the only hash distribution
+/// accepts), at the lowest cost: the registry checks it at every request.
+fn write_htpasswd(path: &std::path::Path, user: &str, password: &str) -> anyhow::Result<()> {
+    let hash = bcrypt::hash(password, 4).context("hashing the password")?;
+    std::fs::write(path, format!("{user}:{hash}\n"))?;
+    Ok(())
+}
+
+/// The `Authorization` header of HTTP basic auth.
+pub fn basic_auth(user: &str, password: &str) -> String {
+    use base64::Engine;
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {token}")
 }
 
 pub fn sha256(bytes: &[u8]) -> String {
