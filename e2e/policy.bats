@@ -144,3 +144,23 @@ load helpers
 @test "a digest the pull-through cache has not stored is asked for by its tag, and swapped when the tag names it" {
   check_case digest-pinned-first-pull
 }
+
+@test "check role: a source image the mirror lacks is reported, with the copy that fills it" {
+  check_case check-unmirrored
+}
+
+@test "check role: a source image the mirror holds passes after one lookup" {
+  check_case check-source-mirrored
+}
+
+@test "check role: reportUnmirrored false reports only gone images, without a lookup" {
+  check_case check-report-only-gone
+}
+
+@test "check role: a real admission is answered at once, without a lookup" {
+  check_case check-admission-answered-at-once
+}
+
+@test "check role with checkAdmissions (protect): a real admission is checked" {
+  check_case check-protect-admission
+}

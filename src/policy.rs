@@ -24,6 +24,11 @@ pub struct Policy {
     pub on_lookup_error: Fallback,
     /// All the lookups of one admission together, in milliseconds.
     pub lookup_budget_ms: u64,
+    /// The check role: also report source images that no target of their rule holds.
+    pub report_unmirrored: bool,
+    /// The check role: also check admissions (`mode: protect`), not only the audit scanner's
+    /// requests.
+    pub check_admissions: bool,
 }
 
 /// The module's two roles, one setting apart so that operators copy one block of settings.

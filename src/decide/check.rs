@@ -1,14 +1,16 @@
 //! The check role's decision for one image: whether the mirror still holds what a node would
-//! pull. Beside the swap's table because it shares routing (which images are mirror images)
-//! and the lookup interface, and nothing else: it never rewrites, so it needs no pinning, no
-//! source and no fallback settings.
+//! pull (a mirror image), or whether any mirror holds a source image a rule routes there (what
+//! the mirror lacks). Beside the swap's table because it shares routing and the lookup
+//! interface, and nothing else: it never rewrites, so it needs no pinning, no comparison with
+//! the source and no fallback settings.
 
+use crate::policy::Policy;
 use crate::reference::Reference;
 use crate::registry::{LookupError, Registry};
 use crate::rules::Router;
 use crate::text::quote;
 
-use super::{joined, verified_digest};
+use super::{Routed, joined, route, verified_digest};
 
 /// A mirror image, as the lookup that asks the mirror for exactly what a node pulls.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +31,49 @@ impl MirrorImage {
     pub fn digest(&self) -> Option<&str> {
         self.lookup[self.repository_end..].strip_prefix('@')
     }
+
+    /// `repository:tag` or `repository@digest` under `repository`.
+    fn under(repository: &str, reference: &Reference) -> MirrorImage {
+        let lookup = match (reference.digest(), reference.tag()) {
+            (Some(digest), _) => joined(repository, '@', digest),
+            (None, Some(tag)) => joined(repository, ':', tag),
+            (None, None) => repository.to_string(),
+        };
+        MirrorImage {
+            lookup,
+            repository_end: repository.len(),
+        }
+    }
+}
+
+/// A source image a rule routes to a mirror: where the copy that fills the mirror comes from,
+/// and each target's lookup, in the rule's order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceImage {
+    /// `name@digest` when the image names a digest (what the kubelet pulls), else `name:tag`:
+    /// what a copy reads from the source.
+    pub source: String,
+    /// The same reference under each target, asked as a node would pull it.
+    pub targets: Vec<MirrorImage>,
+}
+
+/// The source image `image` names, when a rule routes it to a mirror; `None` for images no
+/// rule routes (unmatched, excluded, already under a target, not a reference).
+pub fn source_image(image: &str, policy: &Policy) -> Option<SourceImage> {
+    let Routed::Mirror {
+        reference,
+        destination,
+    } = route(image, policy)
+    else {
+        return None;
+    };
+    let source = MirrorImage::under(reference.name(), &reference).lookup;
+    let targets = destination
+        .targets
+        .iter()
+        .map(|target| MirrorImage::under(&target.repository, &reference))
+        .collect();
+    Some(SourceImage { source, targets })
 }
 
 /// The mirror image `image` names, when it lies under a configured target in any spelling a
@@ -37,16 +82,7 @@ impl MirrorImage {
 pub fn mirror_image(image: &str, router: &Router) -> Option<MirrorImage> {
     let reference = Reference::parse(image).ok()?;
     router.target_of(&reference)?;
-    let repository = reference.name();
-    let lookup = match (reference.digest(), reference.tag()) {
-        (Some(digest), _) => joined(repository, '@', digest),
-        (None, Some(tag)) => joined(repository, ':', tag),
-        (None, None) => repository.to_string(),
-    };
-    Some(MirrorImage {
-        lookup,
-        repository_end: repository.len(),
-    })
+    Some(MirrorImage::under(reference.name(), &reference))
 }
 
 /// What the mirror said of a mirror image.
@@ -61,6 +97,73 @@ pub enum Presence {
     NotChecked(String),
     /// Not asked: the lookup budget would likely have run out first.
     OverBudget,
+}
+
+/// What the check asks about one distinct image of the Pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// A mirror image: still there? ("gone from the mirror")
+    Mirror(MirrorImage),
+    /// A source image a rule routes to a mirror: does any target hold it? ("not in the mirror")
+    Source(SourceImage),
+}
+
+impl Checked {
+    /// What `image` is to the check: a mirror image, else (with `reportUnmirrored`) a source
+    /// image a rule routes, else nothing to ask.
+    pub fn of(image: &str, policy: &Policy) -> Option<Checked> {
+        if let Some(mirror) = mirror_image(image, &policy.router) {
+            return Some(Checked::Mirror(mirror));
+        }
+        if policy.report_unmirrored {
+            return source_image(image, policy).map(Checked::Source);
+        }
+        None
+    }
+
+    /// The lookup asked first: its registry orders the checks.
+    pub fn first_lookup(&self) -> &str {
+        match self {
+            Checked::Mirror(image) => &image.lookup,
+            Checked::Source(image) => image.targets.first().map_or("", |t| t.lookup.as_str()),
+        }
+    }
+
+    pub fn check(&self, registry: &mut impl Registry) -> Presence {
+        match self {
+            Checked::Mirror(image) => check(image, registry),
+            Checked::Source(image) => check_source(image, registry),
+        }
+    }
+}
+
+/// Asks each target for the source image, in order, until one holds it. `Gone` when every
+/// target said it lacks it, with each target's answer; `NotChecked` when none holds it and one
+/// could not be asked (it may hold it); `OverBudget` when a lookup was not made.
+pub fn check_source(image: &SourceImage, registry: &mut impl Registry) -> Presence {
+    let mut gone = Vec::new();
+    let mut failed = None;
+    for target in &image.targets {
+        match check(target, registry) {
+            Presence::Present => return Presence::Present,
+            Presence::Gone(answer) => gone.push((target, answer)),
+            Presence::NotChecked(why) => {
+                failed.get_or_insert(format!("{}: {why}", quote(&target.lookup)));
+            }
+            Presence::OverBudget => return Presence::OverBudget,
+        }
+    }
+    if let Some(why) = failed {
+        return Presence::NotChecked(why);
+    }
+    Presence::Gone(match &gone[..] {
+        [(_, answer)] => answer.clone(),
+        several => several
+            .iter()
+            .map(|(target, answer)| format!("{}: {answer}", quote(&target.lookup)))
+            .collect::<Vec<_>>()
+            .join("; "),
+    })
 }
 
 /// Asks the mirror for `image.lookup`.
@@ -132,6 +235,65 @@ mod tests {
     fn presence(image: &str, registry: &mut FakeRegistry) -> Presence {
         let image = mirror_image(image, &policy_from(SETTINGS).router).expect("a mirror image");
         check(&image, registry)
+    }
+
+    fn source(image: &str) -> Option<SourceImage> {
+        source_image(image, &policy_from(SETTINGS))
+    }
+
+    #[rstest]
+    #[case::tag("nginx:1.27", "docker.io/library/nginx:1.27", &["m.io/hub/library/nginx:1.27"])]
+    #[case::pinned_reads_the_digest(
+        &format!("nginx:1.27@{DIGEST_A}"),
+        &format!("docker.io/library/nginx@{DIGEST_A}"),
+        &["m.io/hub/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]
+    )]
+    #[case::every_target_in_order(
+        "quay.io/org/app:2",
+        "quay.io/org/app:2",
+        &["eu.m.io/quay/org/app:2", "us.m.io/quay/org/app:2"]
+    )]
+    #[case::default_mirror("ghcr.io/o/a:3", "ghcr.io/o/a:3", &["cache.m.io/all/ghcr.io/o/a:3"])]
+    fn source_images_are_those_a_rule_routes(
+        #[case] image: &str,
+        #[case] from: &str,
+        #[case] targets: &[&str],
+    ) {
+        let source = source(image).expect("routed");
+        assert_eq!(source.source, from);
+        let lookups: Vec<&str> = source.targets.iter().map(|t| t.lookup.as_str()).collect();
+        assert_eq!(lookups, targets);
+    }
+
+    #[rstest]
+    #[case::a_mirror_image("m.io/hub/library/nginx:1.27")]
+    #[case::not_a_reference("m.io/hub/App:1")]
+    fn images_no_rule_routes_are_no_source_images(#[case] image: &str) {
+        assert_eq!(source(image), None);
+    }
+
+    #[test]
+    fn a_source_image_is_present_when_any_target_holds_it() {
+        let image = source("quay.io/org/app:2").expect("routed");
+        let mut registry = FakeRegistry::default().with("us.m.io/quay/org/app:2", Ok(DIGEST_A));
+        assert_eq!(check_source(&image, &mut registry), Presence::Present);
+        assert_eq!(
+            registry.asked,
+            ["eu.m.io/quay/org/app:2", "us.m.io/quay/org/app:2"]
+        );
+
+        let mut registry = FakeRegistry::default();
+        assert_eq!(
+            check_source(&image, &mut registry),
+            Presence::Gone("\"eu.m.io/quay/org/app:2\": manifest unknown; \"us.m.io/quay/org/app:2\": manifest unknown".to_string())
+        );
+
+        let failed = LookupError::Failed("connection refused".to_string());
+        let mut registry = FakeRegistry::default().with("eu.m.io/quay/org/app:2", Err(failed));
+        assert_eq!(
+            check_source(&image, &mut registry),
+            Presence::NotChecked("\"eu.m.io/quay/org/app:2\": connection refused".to_string())
+        );
     }
 
     #[test]

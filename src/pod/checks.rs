@@ -1,10 +1,12 @@
-//! Step 2 of the check role: one lookup per distinct mirror image, asked as the swap's decisions
-//! are (the first image of each registry first, each lookup once, within the budget), and what
-//! it means for each container. The check role's answer is built by `report`.
+//! Step 2 of the check role: one lookup per distinct image to check, asked as the swap's
+//! decisions are (the first image of each registry first, each lookup once, within the
+//! budget), and what it means for each container. Mirror images are asked whether they are
+//! still there; source images a rule routes (with `reportUnmirrored`), whether any target holds
+//! them. The check role's answer is built by `report`.
 
 use std::collections::BTreeMap;
 
-use crate::decide::check::{MirrorImage, Presence, check, mirror_image};
+use crate::decide::check::{self, Presence};
 use crate::policy::Policy;
 use crate::registry::{Registry, registry_host};
 
@@ -12,30 +14,31 @@ use super::candidates::Candidate;
 use super::decisions::first_of_each_registry;
 use super::look_once::LookOnce;
 
-/// A container whose image is a mirror image, and what the mirror said of it.
+/// A container whose image the check asked about, and what the mirror said of it.
 pub(super) struct Checked {
     /// The container's place among the candidates.
     pub(super) candidate: usize,
-    pub(super) image: MirrorImage,
+    pub(super) image: check::Checked,
     pub(super) presence: Presence,
 }
 
-/// Checks every candidate whose image lies under a target; the others need no lookup.
+/// Checks every candidate whose image lies under a target, and (with `reportUnmirrored`)
+/// every one a rule routes to a mirror; the others need no lookup.
 pub(super) fn check_all(
     candidates: &[Candidate<'_>],
     policy: &Policy,
     registry: &mut impl Registry,
 ) -> Vec<Checked> {
     let mut registry = LookOnce::new(registry);
-    // Distinct mirror images in container order, and each container's.
-    let mut distinct: Vec<MirrorImage> = Vec::new();
+    // Distinct images in container order, and each container's.
+    let mut distinct: Vec<check::Checked> = Vec::new();
     let mut index_of: BTreeMap<&str, usize> = BTreeMap::new();
     let mut of_container: Vec<(usize, usize)> = Vec::new();
     for (at, candidate) in candidates.iter().enumerate() {
         let index = match index_of.get(candidate.image) {
             Some(&index) => index,
             None => {
-                let Some(image) = mirror_image(candidate.image, &policy.router) else {
+                let Some(image) = check::Checked::of(candidate.image, policy) else {
                     continue;
                 };
                 distinct.push(image);
@@ -48,12 +51,12 @@ pub(super) fn check_all(
     let order = first_of_each_registry(
         distinct
             .iter()
-            .map(|image| vec![registry_host(&image.lookup)]),
+            .map(|image| vec![registry_host(image.first_lookup())]),
     );
     let mut presence: Vec<Option<Presence>> = vec![None; distinct.len()];
     for index in order {
         if let (Some(image), Some(slot)) = (distinct.get(index), presence.get_mut(index)) {
-            *slot = Some(check(image, &mut registry));
+            *slot = Some(image.check(&mut registry));
         }
     }
     of_container
@@ -207,7 +210,8 @@ mod tests {
         assert_eq!(
             message,
             format!(
-                "a mirror image the Pod runs is gone from the mirror: containers \"web\": image \"{PINNED}\" is gone from the mirror (asked for \"{BY_DIGEST}\", it answered: manifest unknown); refill the mirror (skopeo copy --all --preserve-digests docker://docker.io/library/nginx@{DIGEST_A} docker://m.io/hub/library/nginx:1.27) or roll the workload out so that its new Pods are decided afresh"
+                "a mirror image the Pod runs is gone from the mirror: containers \"web\": image \"{PINNED}\" is gone from the mirror (asked for \"{BY_DIGEST}\", it answered: manifest unknown); it was swapped from \"nginx:1.27\": refill the mirror (skopeo copy --all --preserve-digests docker://docker.io/library/nginx@{DIGEST_A} docker://m.io/hub/library/nginx:sha256-{}) or roll the workload out so that its new Pods are decided afresh",
+                &DIGEST_A[7..]
             )
         );
     }
@@ -280,19 +284,117 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_without_mirror_images_needs_no_lookup() {
+    fn a_pod_without_images_a_rule_routes_needs_no_lookup() {
         let mut registry = FakeRegistry::default();
-        let outcome = run(CHECK, scanned(web("nginx:1.27"), json!({})), &mut registry);
+        let outcome = run(
+            CHECK,
+            scanned(web("ghcr.io/o/a:1"), json!({})),
+            &mut registry,
+        );
         assert_eq!(outcome, Outcome::unchanged());
         assert!(registry.asked.is_empty());
     }
 
+    /// A running source image that a rule routes to a mirror that lacks it: a finding of its
+    /// own kind, with the copy that fills the first target. By tag: the tag, which the mirror
+    /// just said it lacks; by digest: the digest, to a tag of its own.
     #[test]
-    fn the_check_role_never_rewrites_a_source_image() {
+    fn a_source_image_the_mirror_lacks_is_reported_with_the_copy_that_fills_it() {
+        let outcome = run(
+            CHECK,
+            scanned(web("nginx:1.27"), json!({})),
+            &mut FakeRegistry::default(),
+        );
+        assert_eq!(
+            outcome.verdict,
+            Verdict::Reject("a source image the Pod runs is not in the mirror: containers \"web\": image \"nginx:1.27\" is not in the mirror (asked for \"m.io/hub/library/nginx:1.27\", it answered: manifest unknown); fill the mirror (skopeo copy --all --preserve-digests docker://docker.io/library/nginx:1.27 docker://m.io/hub/library/nginx:1.27), and the next Pods that name it are swapped".to_string())
+        );
+        let pinned = format!("nginx:1.27@{DIGEST_A}");
+        let outcome = run(
+            CHECK,
+            scanned(web(&pinned), json!({})),
+            &mut FakeRegistry::default(),
+        );
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("a finding: {outcome:?}");
+        };
+        assert!(
+            message.contains(&format!(
+                "(skopeo copy --all --preserve-digests docker://docker.io/library/nginx@{DIGEST_A} docker://m.io/hub/library/nginx:sha256-{})",
+                &DIGEST_A[7..]
+            )),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_source_image_the_mirror_holds_passes_after_one_lookup() {
         let mut registry =
             FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
-        let outcome = run(CHECK, admitted(web("nginx:1.27")), &mut registry);
+        let outcome = run(CHECK, scanned(web("nginx:1.27"), json!({})), &mut registry);
+        assert_eq!(outcome.verdict, Verdict::Accept);
+        assert_eq!(registry.asked, ["m.io/hub/library/nginx:1.27"]);
+    }
+
+    #[test]
+    fn report_unmirrored_false_reports_only_gone_images() {
+        let settings = r#"{"action":"check","reportUnmirrored":false,"mirrors":[{"source":"docker.io","target":"m.io/hub"}]}"#;
+        let mut registry = FakeRegistry::default();
+        let outcome = run(
+            settings,
+            scanned(web("nginx:1.27"), json!({})),
+            &mut registry,
+        );
         assert_eq!(outcome, Outcome::unchanged());
         assert!(registry.asked.is_empty());
+    }
+
+    /// Both kinds in one Pod: each under its own head, so that reports can be filtered.
+    #[test]
+    fn gone_and_not_in_the_mirror_have_heads_of_their_own() {
+        let spec = json!({"containers": [
+            {"name": "web", "image": PINNED},
+            {"name": "cache", "image": "redis:7"},
+        ]});
+        let outcome = run(
+            CHECK,
+            scanned(spec, json!({})),
+            &mut FakeRegistry::default(),
+        );
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("a finding: {outcome:?}");
+        };
+        assert!(
+            message.starts_with(
+                "a mirror image the Pod runs is gone from the mirror: containers \"web\""
+            ),
+            "{message}"
+        );
+        assert!(message.contains("; and a source image the Pod runs is not in the mirror: containers \"cache\": image \"redis:7\""), "{message}");
+    }
+
+    /// The monitor deployment's check serves the scanner: an admission is answered at once,
+    /// without a lookup, unless `checkAdmissions` asks for it (`mode: protect`).
+    #[test]
+    fn admissions_are_checked_only_when_asked() {
+        let mut registry = FakeRegistry::default();
+        let outcome = run(CHECK, admitted(web(PINNED)), &mut registry);
+        assert_eq!(outcome, Outcome::unchanged());
+        assert!(registry.asked.is_empty());
+
+        let protect = r#"{"action":"check","checkAdmissions":true,"mirrors":[{"source":"docker.io","target":"m.io/hub"}]}"#;
+        let outcome = run(protect, admitted(web(PINNED)), &mut registry);
+        assert!(matches!(outcome.verdict, Verdict::Reject(_)), "{outcome:?}");
+        assert_eq!(registry.asked, [BY_DIGEST]);
+    }
+
+    #[test]
+    fn the_check_role_never_rewrites_a_source_image() {
+        let protect = r#"{"action":"check","checkAdmissions":true,"mirrors":[{"source":"docker.io","target":"m.io/hub"}]}"#;
+        let mut registry =
+            FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
+        let outcome = run(protect, admitted(web("nginx:1.27")), &mut registry);
+        assert_eq!(outcome.verdict, Verdict::Accept);
+        assert!(outcome.warnings.is_empty());
     }
 }

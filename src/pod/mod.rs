@@ -187,6 +187,11 @@ pub fn admit(
         _ => return Outcome::unchanged(),
     };
     match policy.action {
+        // The monitor deployment's check is for the scanner: an admission it answers at once
+        // and without a lookup, so that no Pod waits on its mirror (nor on a hanging one).
+        Action::Check if !policy.check_admissions && !is_audit_scan(&request) => {
+            return Outcome::unchanged();
+        }
         Action::Check => return check(&request, operation, policy, registry, clock),
         // The scanner's answer is a report, never applied: a swap there changes nothing, and
         // its lookups would queue every admission behind the host's lock (hundreds of Pods

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::budget::BudgetReport;
-use crate::decide::check::{MirrorImage, Presence};
+use crate::decide::check::{Checked as Asked, MirrorImage, Presence, SourceImage};
 use crate::decide::{Note, Reason};
 use crate::policy::{Fallback, Policy};
 use crate::reference::Reference;
@@ -214,10 +214,12 @@ pub(super) fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
     items
 }
 
-/// The check role's answer: accepted when every mirror image is there; rejected when any is
-/// gone (a finding: the report's `fail`), with one entry per container; rejected with code 500
-/// when none is gone but some could not be checked (the report's `error`: nothing is known).
-/// A Pod with findings and unchecked images is a finding, and its message names both.
+/// The check role's answer: accepted when every mirror image is there and every source image
+/// is in a mirror; rejected when any mirror image is gone or any source image is in none of its
+/// mirrors (findings: the report's `fail`), with one entry per container under a head of its
+/// own kind; rejected with code 500 when nothing was found but some image could not be checked
+/// (the report's `error`: nothing is known). A Pod with findings and unchecked images is a
+/// finding, and its message names both.
 pub(super) fn check_outcome(
     checked: &[Checked],
     candidates: &[Candidate<'_>],
@@ -229,6 +231,7 @@ pub(super) fn check_outcome(
         return Outcome::unchanged();
     }
     let mut gone = Vec::new();
+    let mut unmirrored = Vec::new();
     let mut not_checked = Vec::new();
     let mut over_budget = Vec::new();
     // Containers, for the audit figures; `not_checked` holds messages, one for all the budget's.
@@ -239,28 +242,40 @@ pub(super) fn check_outcome(
         };
         let image = candidate.image;
         let container = format!("{} {}", candidate.list, quote(candidate.name));
-        match &entry.presence {
-            Presence::Present => {}
-            Presence::Gone(answer) => {
+        let asked = entry.image.first_lookup();
+        match (&entry.presence, &entry.image) {
+            (Presence::Present, _) => {}
+            (Presence::Gone(answer), Asked::Mirror(mirror)) => {
                 let original = originals
                     .get(candidate.name)
                     .filter(|original| policy.router.is_swap_of(original, image));
                 gone.push(format!(
                     "{container}: image {} is gone from the mirror (asked for {}, it answered: {answer}); {}",
                     quote(image),
-                    quote(&entry.image.lookup),
-                    what_to_do(original.map(String::as_str), &entry.image)
+                    quote(asked),
+                    what_to_do(original.map(String::as_str), mirror)
                 ));
             }
-            Presence::NotChecked(why) => {
+            (Presence::Gone(answer), Asked::Source(source)) => {
+                let asked = match &source.targets[..] {
+                    [_] => format!("asked for {}, it answered: {answer}", quote(asked)),
+                    _ => format!("asked each of its mirrors: {answer}"),
+                };
+                unmirrored.push(format!(
+                    "{container}: image {} is not in the mirror ({asked}); fill the mirror ({}), and the next Pods that name it are swapped",
+                    quote(image),
+                    fill_command(source)
+                ));
+            }
+            (Presence::NotChecked(why), _) => {
                 unchecked += 1;
                 not_checked.push(format!(
                     "{container}: image {} not checked: could not ask the mirror for {} ({why})",
                     quote(image),
-                    quote(&entry.image.lookup)
+                    quote(asked)
                 ));
             }
-            Presence::OverBudget => {
+            (Presence::OverBudget, _) => {
                 unchecked += 1;
                 over_budget.push(format!("{container} image {}", quote(image)));
             }
@@ -274,19 +289,35 @@ pub(super) fn check_outcome(
             capped(over_budget, "containers").join(", ")
         ));
     }
-    let audit = check_audit(checked.len(), gone.len(), unchecked, report);
-    let verdict = match (gone.len(), not_checked.is_empty()) {
-        (0, true) => Verdict::Accept,
-        (0, false) => Verdict::Error(format!(
+    let audit = check_audit(
+        checked.len(),
+        (gone.len(), unmirrored.len()),
+        unchecked,
+        report,
+    );
+    let mut findings = Vec::new();
+    if !gone.is_empty() {
+        let head = match gone.len() {
+            1 => "a mirror image the Pod runs is gone from the mirror: ".to_string(),
+            n => format!("{n} mirror images the Pod runs are gone from the mirror: "),
+        };
+        findings.push(head + &capped(gone, "containers").join("; "));
+    }
+    if !unmirrored.is_empty() {
+        let head = match unmirrored.len() {
+            1 => "a source image the Pod runs is not in the mirror: ".to_string(),
+            n => format!("{n} source images the Pod runs are not in the mirror: "),
+        };
+        findings.push(head + &capped(unmirrored, "containers").join("; "));
+    }
+    let verdict = match (findings.is_empty(), not_checked.is_empty()) {
+        (true, true) => Verdict::Accept,
+        (true, false) => Verdict::Error(format!(
             "the Pod's mirror images could not all be checked: {}",
             capped(not_checked, "containers").join("; ")
         )),
-        (n, _) => {
-            let head = match n {
-                1 => "a mirror image the Pod runs is gone from the mirror: ".to_string(),
-                n => format!("{n} mirror images the Pod runs are gone from the mirror: "),
-            };
-            let mut message = head + &capped(gone, "containers").join("; ");
+        (false, _) => {
+            let mut message = findings.join("; and ");
             if !not_checked.is_empty() {
                 message.push_str("; also ");
                 message.push_str(&capped(not_checked, "containers").join("; "));
@@ -302,48 +333,80 @@ pub(super) fn check_outcome(
 }
 
 /// What the operator can do about a mirror image that is gone: put it back (when the Pod's
-/// record names the image it was swapped from), or roll the workload out so that its new Pods
-/// are decided afresh (the swapping policy then keeps the source image, or swaps to what the
-/// mirror holds now).
+/// record names the image it was swapped from, which the message names), or roll the workload
+/// out so that its new Pods are decided afresh (the swapping policy then keeps the source
+/// image, or swaps to what the mirror holds now).
 fn what_to_do(original: Option<&str>, image: &MirrorImage) -> String {
     const ROLL_OUT: &str = "roll the workload out so that its new Pods are decided afresh";
-    let Some(refill) = original.and_then(|original| refill_command(original, image)) else {
+    let Some((original, refill)) =
+        original.and_then(|original| Some((original, refill_command(original, image)?)))
+    else {
         return format!("{ROLL_OUT}, or refill the mirror from the image's source");
     };
-    format!("refill the mirror ({refill}) or {ROLL_OUT}")
+    format!(
+        "it was swapped from {}: refill the mirror ({refill}) or {ROLL_OUT}",
+        quote(original)
+    )
 }
 
-/// `skopeo copy --all --preserve-digests docker://SOURCE docker://MIRROR`: the very manifest the
-/// Pod pins when it pins one (the source's digest, which a copy with preserved digests shares),
-/// else the source's tag; to the mirror's tag, or, for a digest without a tag, to a tag named
-/// after the digest (the digest is what the kubelet pulls, and a copy needs a tag to push to).
+/// The copy that puts a gone mirror image back, safe to run unread: exactly what the kubelet
+/// pulls, and never a mirror tag moved to other content. A pinned image copies its digest from
+/// the source (which a copy with preserved digests shares) to a tag of its own
+/// (`sha256-<hex>`): the tag beside the digest may name newer content in the mirror now, and a
+/// tag keeps "delete untagged" rules off the copy. An image by tag copies the source's tag to
+/// the mirror's, which the mirror just said it lacks.
 fn refill_command(original: &str, image: &MirrorImage) -> Option<String> {
     let original = Reference::parse(original).ok()?;
-    let repository = image.repository();
-    let source = match image.digest().or(original.digest()) {
-        Some(digest) => format!("{}@{digest}", original.name()),
-        None => original.as_str().to_string(),
+    let source = match (image.digest(), original.tag()) {
+        (Some(digest), _) => format!("{}@{digest}", original.name()),
+        (None, Some(tag)) => format!("{}:{tag}", original.name()),
+        (None, None) => original.as_str().to_string(),
     };
-    let destination = match (original.tag(), image.digest()) {
-        (Some(tag), _) => format!("{repository}:{tag}"),
-        (None, Some(digest)) => format!("{repository}:{}", digest.replacen(':', "-", 1)),
-        (None, None) => image.lookup.clone(),
+    let destination = match image.digest() {
+        Some(digest) => own_tag(image.repository(), digest),
+        None => image.lookup.clone(),
     };
-    Some(format!(
-        "skopeo copy --all --preserve-digests docker://{source} docker://{destination}"
-    ))
+    Some(copy_command(&source, &destination))
+}
+
+/// The copy that fills the first target with a source image no target holds: by digest to a
+/// tag of its own, or by tag to the same tag (which every target just said it lacks).
+fn fill_command(source: &SourceImage) -> String {
+    let Some(first) = source.targets.first() else {
+        return String::new();
+    };
+    let destination = match first.digest() {
+        Some(digest) => own_tag(first.repository(), digest),
+        None => first.lookup.clone(),
+    };
+    copy_command(&source.source, &destination)
+}
+
+/// `repository:sha256-<hex>`: the tag a copy by digest is pushed to.
+fn own_tag(repository: &str, digest: &str) -> String {
+    format!("{repository}:{}", digest.replacen(':', "-", 1))
+}
+
+/// The form the fill job finds in a report's message, and a person can run as it is:
+/// `skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION`, both references
+/// in the reference grammar's characters only, so the copy ends at the first other character.
+pub const COPY_COMMAND: &str = "skopeo copy --all --preserve-digests";
+
+fn copy_command(source: &str, destination: &str) -> String {
+    format!("{COPY_COMMAND} docker://{source} docker://{destination}")
 }
 
 /// The check's figures for the API server's audit log.
 fn check_audit(
     checked: usize,
-    gone: usize,
+    (gone, unmirrored): (usize, usize),
     not_checked: usize,
     report: &BudgetReport,
 ) -> BTreeMap<String, String> {
     let summary = json!({
         "checked": checked,
         "gone": gone,
+        "unmirrored": unmirrored,
         "notChecked": not_checked,
         "lookups": report.lookups,
         "lookupMilliseconds": report.lookup_ms(),

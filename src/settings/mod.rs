@@ -44,6 +44,11 @@ pub struct Settings {
     pub on_lookup_error: Fallback,
     pub lookup_budget_milliseconds: u64,
     pub exclude: Vec<String>,
+    /// `action: check`: also report source images no target of their rule holds.
+    pub report_unmirrored: bool,
+    /// `action: check`: also check admissions, for `mode: protect` (by default only the audit
+    /// scanner's requests are checked, and admissions are accepted at once).
+    pub check_admissions: bool,
 }
 
 impl Default for Settings {
@@ -60,6 +65,8 @@ impl Default for Settings {
             on_lookup_error: Fallback::Keep,
             lookup_budget_milliseconds: DEFAULT_LOOKUP_BUDGET_MS,
             exclude: Vec::new(),
+            report_unmirrored: true,
+            check_admissions: false,
         }
     }
 }
@@ -128,6 +135,8 @@ impl Policy {
             on_missing: settings.on_missing,
             on_lookup_error: settings.on_lookup_error,
             lookup_budget_ms: budget,
+            report_unmirrored: settings.report_unmirrored,
+            check_admissions: settings.check_admissions,
         })
     }
 }
