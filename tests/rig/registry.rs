@@ -206,6 +206,17 @@ impl TestRegistry {
         Ok(sha256(bytes))
     }
 
+    /// The digest the registry serves for `repository:reference`, or None when it has none.
+    pub fn digest_of(&self, repository: &str, reference: &str) -> Option<String> {
+        let accept = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json";
+        self.request("HEAD", &self.url(repository, "manifests", reference))
+            .set("Accept", accept)
+            .call()
+            .ok()?
+            .header("Docker-Content-Digest")
+            .map(str::to_string)
+    }
+
     /// Deletes a manifest by digest, as a registry lifecycle rule does.
     pub fn delete_manifest(&self, repository: &str, digest: &str) -> anyhow::Result<()> {
         self.request("DELETE", &self.url(repository, "manifests", digest))
