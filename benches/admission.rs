@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use rig::hosts::{InstantHost, LiveHost, LookupLock, SerialisedHost, locate};
 use rig::images::{Image, Index, push_apps};
-use rig::proxy::LatencyProxy;
+use rig::proxy::{HostModel, LatencyProxy, Transport};
 use rig::registry::TestRegistry;
 use rig::wapc::{SharedHost, WasmPolicy};
 use serde_json::{Value, json};
@@ -261,6 +261,7 @@ fn main() {
     distance(policy, true);
     verify_source(policy);
     concurrency();
+    throughput();
 }
 
 const DISTANCES_MS: [u64; 3] = [0, 20, 100];
@@ -527,6 +528,69 @@ fn concurrency() {
                 max.as_secs_f64() * 1000.0,
                 results.len(),
                 results.len() * 4,
+            );
+        }
+    }
+}
+
+/// How many fresh lookups one policy-server process completes a second: its host serialises
+/// them behind one lock, so 2 workers evaluating Pods of one fresh image each finish about one
+/// lookup's time apart. Per host model (the rig's 1.31 and 1.35) and distance, over HTTPS.
+fn throughput() {
+    const PODS: usize = 12;
+    println!(
+        "\nlookup throughput of one policy-server process (2 workers, {PODS} Pods of one fresh image each, over HTTPS)"
+    );
+    println!("| host model | round trip ms | one lookup ms | lookups/s |");
+    println!("|---|---:|---:|---:|");
+    let mirror = distant_mirror("throughput", PODS);
+    for model in HostModel::ALL {
+        for round_trip in [20, 50, 100] {
+            let proxy = LatencyProxy::start_as(
+                &mirror.host,
+                Duration::from_millis(round_trip),
+                model,
+                Transport::Https,
+            )
+            .expect("proxy");
+            let lock = Arc::new(LookupLock::default());
+            let live = Arc::new(Mutex::new(LiveHost::default()));
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let started = Instant::now();
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let host = SerialisedHost {
+                        lock: lock.clone(),
+                        inner: live.clone(),
+                    };
+                    let (proxy_host, next) = (proxy.host.clone(), next.clone());
+                    let policy: &'static WasmPolicy = rig::policy();
+                    std::thread::spawn(move || {
+                        loop {
+                            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if n >= PODS {
+                                return;
+                            }
+                            let payload = pod_payload(&[proxy_host.as_str()], [n].into_iter());
+                            let shared: SharedHost = Arc::new(Mutex::new(host.clone()));
+                            policy
+                                .call("validate", &payload, shared)
+                                .result
+                                .expect("evaluation");
+                        }
+                    })
+                })
+                .collect();
+            for thread in threads {
+                thread.join().expect("worker");
+            }
+            let elapsed = started.elapsed().as_secs_f64();
+            let lookups = live.lock().map(|l| l.exchanges.len()).unwrap_or(0);
+            println!(
+                "| {} | {round_trip} | {:.0} | {:.1} |",
+                model.name(),
+                elapsed * 1000.0 / lookups.max(1) as f64,
+                lookups as f64 / elapsed
             );
         }
     }

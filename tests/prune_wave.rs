@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use rig::hosts::{LiveHost, LookupLock, SerialisedHost};
 use rig::images::Image;
-use rig::proxy::LatencyProxy;
+use rig::proxy::{HostModel, LatencyProxy};
 use rig::registry::TestRegistry;
 use rig::wapc::SharedHost;
 use rig::{Response, audit_request, validate};
@@ -237,19 +237,28 @@ impl Wave {
     }
 }
 
-/// The sizing docs/operations.md gives for a prune wave: one replica, the scanner's
-/// `parallelResources: 25`. Every Pod of a pruned image is a `fail`, none an `error`; the fill
-/// job restores exactly the 10 pruned digests; the next scan passes all 300.
+/// The sizing rule docs/operations.md gives: `parallelResources / replicas x L x N < 6 s`, with
+/// L one lookup's time and N the lookups a Pod needs (one here).
+fn documented_parallel_resources(replicas: usize, model: HostModel) -> usize {
+    let lookup = model.lookup(Duration::from_millis(50)).as_secs_f64();
+    replicas * (6.0 / lookup) as usize
+}
+
+/// The sizing docs/operations.md gives for a prune wave: one replica, `parallelResources` by
+/// the rule (27 on 1.31's lookups, 17 on 1.35's). Every Pod of a pruned image is a `fail`, none
+/// an `error`; the fill job restores exactly the 10 pruned digests; the next scan passes all 300.
 #[test]
 fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_job_clears_it() {
     let wave = wave("wave");
     let settings = wave.settings();
     rig::policy();
     let replicas = wave.replicas(1);
-    let (results, took) = scan(&wave.requests, &settings, &replicas, 25);
+    let parallel = documented_parallel_resources(1, wave.far.model);
+    let (results, took) = scan(&wave.requests, &settings, &replicas, parallel);
     let counts = tally(&results);
     println!(
-        "prune wave, 1 replica, parallelResources 25, mirror 50 ms away: {counts:?} in {} ms",
+        "prune wave, policy-server {}, 1 replica, parallelResources {parallel}, mirror 50 ms away: {counts:?} in {} ms",
+        wave.far.model.name(),
         took.as_millis()
     );
     for (n, result) in results.iter().enumerate() {
@@ -302,7 +311,7 @@ fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_job_clears_it(
         );
     }
 
-    let (results, _) = scan(&wave.requests, &settings, &replicas, 25);
+    let (results, _) = scan(&wave.requests, &settings, &replicas, parallel);
     assert_eq!(
         tally(&results),
         Tally {
@@ -326,7 +335,8 @@ fn a_prune_wave_with_the_scanners_defaults_turns_findings_into_errors() {
         let (results, took) = scan(&wave.requests, &settings, &processes, parallel);
         let counts = tally(&results);
         println!(
-            "prune wave, {replicas} replica(s), parallelResources {parallel}, mirror 50 ms away: {counts:?} in {} ms",
+            "prune wave, policy-server {}, {replicas} replica(s), parallelResources {parallel}, mirror 50 ms away: {counts:?} in {} ms",
+            wave.far.model.name(),
             took.as_millis()
         );
         let wrong = results

@@ -1,8 +1,17 @@
 //! A registry far away: a TCP proxy on loopback in front of a real registry that adds network
-//! round trips where a real network would. A new connection costs two (TCP, then the TLS
-//! handshake a real mirror over HTTPS needs), and every request one more: a lookup by the host
-//! (new connection, `GET /v2/`, `HEAD`) then costs four, as measured against a real mirror.
-//! The delay is in the network path only; nothing in the policy or the host sleeps.
+//! round trips where a real network would. A new connection costs the round trips of the host
+//! model's connection set-up, and every request one more. The delay is in the network path
+//! only; nothing in the policy or the host sleeps.
+//!
+//! The host model is the policy-server release the rig stands in for, as measured side by side
+//! (KUBEWARDEN.md, "policy-server 1.35 against 1.31"): on 1.31 a lookup over HTTPS costs four
+//! round trips (TCP, TLS, `GET /v2/`, `HEAD`) and the host's own work (a new client, TLS), 0.21-
+//! 0.29 s measured at 50 ms and 0.42-0.56 s at 100 ms: four round trips and 15 ms; on 1.35
+//! 0.28-0.40 s at 50 ms and 0.63-0.68 s at 100 ms: six round trips and 40 ms. The extra round
+//! trips were not traced to a request in the host's code, so the model adds them, and the
+//! host's work, where a connection is set up. A plain-HTTP registry listed in
+//! `insecure_sources` is first tried over HTTPS (0.57 s on 1.31, 0.61-0.68 s on 1.35 at 50 ms).
+//! `RIG_POLICY_SERVER=1.31` or `1.35` (the default) picks the model of `LatencyProxy::start`.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -11,18 +20,112 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::Duration;
 
-/// Round trips a new connection costs before its first request: TCP and TLS handshakes.
-pub const CONNECT_ROUND_TRIPS: u32 = 2;
+/// The policy-server release whose lookups the rig's network delays stand for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostModel {
+    V1_31,
+    V1_35,
+}
+
+impl HostModel {
+    pub const ALL: [HostModel; 2] = [HostModel::V1_31, HostModel::V1_35];
+
+    /// `RIG_POLICY_SERVER`, or 1.35, the release people install.
+    pub fn from_env() -> HostModel {
+        match std::env::var("RIG_POLICY_SERVER").as_deref() {
+            Ok("1.31") => HostModel::V1_31,
+            _ => HostModel::V1_35,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HostModel::V1_31 => "1.31",
+            HostModel::V1_35 => "1.35",
+        }
+    }
+
+    /// Round trips before a new connection's first request, over HTTPS: TCP and TLS, and on
+    /// 1.35 the two more its lookups cost.
+    pub fn connect_round_trips(self) -> u32 {
+        match self {
+            HostModel::V1_31 => 2,
+            HostModel::V1_35 => 4,
+        }
+    }
+
+    /// The host's own work per lookup (a new client, the TLS handshake's computing), beside the
+    /// round trips.
+    pub fn overhead(self) -> Duration {
+        match self {
+            HostModel::V1_31 => Duration::from_millis(15),
+            HostModel::V1_35 => Duration::from_millis(40),
+        }
+    }
+
+    /// What one lookup of one request costs `round_trip` away over HTTPS.
+    pub fn lookup(self, round_trip: Duration) -> Duration {
+        round_trip * self.lookup_round_trips() + self.overhead()
+    }
+
+    /// The distance at which a lookup of one request costs `lookup`: for tests about the
+    /// budget at a given lookup time, whatever the release.
+    pub fn round_trip_for(self, lookup: Duration) -> Duration {
+        lookup.saturating_sub(self.overhead()) / self.lookup_round_trips()
+    }
+
+    /// The round trips a lookup of one request costs: connection set-up, `GET /v2/`, `HEAD`.
+    pub fn lookup_round_trips(self) -> u32 {
+        self.connect_round_trips() + 2
+    }
+
+    /// The round trips the HTTPS attempt before plain HTTP adds to a lookup (11 and 12 in all).
+    pub fn https_first_round_trips(self) -> u32 {
+        match self {
+            HostModel::V1_31 => 7,
+            HostModel::V1_35 => 6,
+        }
+    }
+}
+
+/// How the host reaches the registry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Https,
+    /// Listed in `insecure_sources`: HTTPS is tried first.
+    PlainHttp,
+}
 
 pub struct LatencyProxy {
     /// `127.0.0.1:PORT`: use it as the registry host in image names.
     pub host: String,
     pub round_trip: Duration,
+    pub model: HostModel,
     stop: Arc<AtomicBool>,
 }
 
 impl LatencyProxy {
+    /// A registry `round_trip` away over HTTPS, for the host model `RIG_POLICY_SERVER` names.
     pub fn start(upstream: &str, round_trip: Duration) -> anyhow::Result<LatencyProxy> {
+        Self::start_as(
+            upstream,
+            round_trip,
+            HostModel::from_env(),
+            Transport::Https,
+        )
+    }
+
+    pub fn start_as(
+        upstream: &str,
+        round_trip: Duration,
+        model: HostModel,
+        transport: Transport,
+    ) -> anyhow::Result<LatencyProxy> {
+        let set_up = model.connect_round_trips()
+            + match transport {
+                Transport::Https => 0,
+                Transport::PlainHttp => model.https_first_round_trips(),
+            };
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let host = listener.local_addr()?.to_string();
         listener.set_nonblocking(true)?;
@@ -34,7 +137,8 @@ impl LatencyProxy {
                 match listener.accept() {
                     Ok((client, _)) => {
                         let upstream = upstream.clone();
-                        thread::spawn(move || relay(client, &upstream, round_trip));
+                        let delay = round_trip * set_up + model.overhead();
+                        thread::spawn(move || relay(client, &upstream, round_trip, delay));
                     }
                     Err(_) => thread::sleep(Duration::from_millis(2)),
                 }
@@ -43,6 +147,7 @@ impl LatencyProxy {
         Ok(LatencyProxy {
             host,
             round_trip,
+            model,
             stop,
         })
     }
@@ -54,9 +159,9 @@ impl Drop for LatencyProxy {
     }
 }
 
-fn relay(client: TcpStream, upstream: &str, round_trip: Duration) {
+fn relay(client: TcpStream, upstream: &str, round_trip: Duration, set_up: Duration) {
     let _ = client.set_nonblocking(false);
-    thread::sleep(round_trip * CONNECT_ROUND_TRIPS);
+    thread::sleep(set_up);
     let Ok(server) = TcpStream::connect(upstream) else {
         return;
     };
