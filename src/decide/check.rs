@@ -101,22 +101,22 @@ pub enum Presence {
 
 /// What the check asks about one distinct image of the Pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Checked {
+pub enum CheckedImage {
     /// A mirror image: still there? ("gone from the mirror")
     Mirror(MirrorImage),
     /// A source image a rule routes to a mirror: does any target hold it? ("not in the mirror")
     Source(SourceImage),
 }
 
-impl Checked {
+impl CheckedImage {
     /// What `image` is to the check: a mirror image, else (with `reportUnmirrored`) a source
     /// image a rule routes, else nothing to ask.
-    pub fn of(image: &str, policy: &Policy) -> Option<Checked> {
+    pub fn of(image: &str, policy: &Policy) -> Option<CheckedImage> {
         if let Some(mirror) = mirror_image(image, &policy.router) {
-            return Some(Checked::Mirror(mirror));
+            return Some(CheckedImage::Mirror(mirror));
         }
         if policy.report_unmirrored {
-            return source_image(image, policy).map(Checked::Source);
+            return source_image(image, policy).map(CheckedImage::Source);
         }
         None
     }
@@ -124,15 +124,15 @@ impl Checked {
     /// The lookup asked first: its registry orders the checks.
     pub fn first_lookup(&self) -> &str {
         match self {
-            Checked::Mirror(image) => &image.lookup,
-            Checked::Source(image) => image.targets.first().map_or("", |t| t.lookup.as_str()),
+            CheckedImage::Mirror(image) => &image.lookup,
+            CheckedImage::Source(image) => image.targets.first().map_or("", |t| t.lookup.as_str()),
         }
     }
 
     pub fn check(&self, registry: &mut impl Registry) -> Presence {
         match self {
-            Checked::Mirror(image) => check(image, registry),
-            Checked::Source(image) => check_source(image, registry),
+            CheckedImage::Mirror(image) => check(image, registry),
+            CheckedImage::Source(image) => check_source(image, registry),
         }
     }
 }

@@ -18,7 +18,7 @@ use super::look_once::LookOnce;
 pub(super) struct Checked {
     /// The container's place among the candidates.
     pub(super) candidate: usize,
-    pub(super) image: check::Checked,
+    pub(super) image: check::CheckedImage,
     pub(super) presence: Presence,
 }
 
@@ -31,14 +31,14 @@ pub(super) fn check_all(
 ) -> Vec<Checked> {
     let mut registry = LookOnce::new(registry);
     // Distinct images in container order, and each container's.
-    let mut distinct: Vec<check::Checked> = Vec::new();
+    let mut distinct: Vec<check::CheckedImage> = Vec::new();
     let mut index_of: BTreeMap<&str, usize> = BTreeMap::new();
     let mut of_container: Vec<(usize, usize)> = Vec::new();
     for (at, candidate) in candidates.iter().enumerate() {
         let index = match index_of.get(candidate.image) {
             Some(&index) => index,
             None => {
-                let Some(image) = check::Checked::of(candidate.image, policy) else {
+                let Some(image) = check::CheckedImage::of(candidate.image, policy) else {
                     continue;
                 };
                 distinct.push(image);

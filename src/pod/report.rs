@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::budget::BudgetReport;
-use crate::decide::check::{Checked as Asked, MirrorImage, Presence, SourceImage};
+use crate::decide::check::{CheckedImage, MirrorImage, Presence, SourceImage};
 use crate::decide::{Note, Reason};
 use crate::policy::{Fallback, Policy};
 use crate::reference::Reference;
@@ -245,7 +245,7 @@ pub(super) fn check_outcome(
         let asked = entry.image.first_lookup();
         match (&entry.presence, &entry.image) {
             (Presence::Present, _) => {}
-            (Presence::Gone(answer), Asked::Mirror(mirror)) => {
+            (Presence::Gone(answer), CheckedImage::Mirror(mirror)) => {
                 let original = originals
                     .get(candidate.name)
                     .filter(|original| policy.router.is_swap_of(original, image));
@@ -256,7 +256,7 @@ pub(super) fn check_outcome(
                     what_to_do(original.map(String::as_str), mirror)
                 ));
             }
-            (Presence::Gone(answer), Asked::Source(source)) => {
+            (Presence::Gone(answer), CheckedImage::Source(source)) => {
                 let asked = match &source.targets[..] {
                     [_] => format!("asked for {}, it answered: {answer}", quote(asked)),
                     _ => format!("asked each of its mirrors: {answer}"),
@@ -295,21 +295,21 @@ pub(super) fn check_outcome(
         unchecked,
         report,
     );
-    let mut findings = Vec::new();
-    if !gone.is_empty() {
-        let head = match gone.len() {
-            1 => "a mirror image the Pod runs is gone from the mirror: ".to_string(),
-            n => format!("{n} mirror images the Pod runs are gone from the mirror: "),
-        };
-        findings.push(head + &capped(gone, "containers").join("; "));
-    }
-    if !unmirrored.is_empty() {
-        let head = match unmirrored.len() {
-            1 => "a source image the Pod runs is not in the mirror: ".to_string(),
-            n => format!("{n} source images the Pod runs are not in the mirror: "),
-        };
-        findings.push(head + &capped(unmirrored, "containers").join("; "));
-    }
+    let findings: Vec<String> = [
+        under_head(
+            gone,
+            "a mirror image the Pod runs is gone from the mirror",
+            "mirror images the Pod runs are gone from the mirror",
+        ),
+        under_head(
+            unmirrored,
+            "a source image the Pod runs is not in the mirror",
+            "source images the Pod runs are not in the mirror",
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let verdict = match (findings.is_empty(), not_checked.is_empty()) {
         (true, true) => Verdict::Accept,
         (true, false) => Verdict::Error(format!(
@@ -330,6 +330,20 @@ pub(super) fn check_outcome(
         warnings: Vec::new(),
         audit,
     }
+}
+
+/// One kind of finding, under the head that names it (singular, or plural with the count), so
+/// that reports can be filtered by kind; `None` when there is none of that kind.
+fn under_head(entries: Vec<String>, one: &str, several: &str) -> Option<String> {
+    let head = match entries.len() {
+        0 => return None,
+        1 => one.to_string(),
+        n => format!("{n} {several}"),
+    };
+    Some(format!(
+        "{head}: {}",
+        capped(entries, "containers").join("; ")
+    ))
 }
 
 /// What the operator can do about a mirror image that is gone: put it back (when the Pod's
