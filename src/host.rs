@@ -87,6 +87,9 @@ const TEXT_MAX: usize = 300;
 /// - An HTTP status without an envelope (`Server error: url U, code: C, message: M`) becomes
 ///   `HTTP C from U: M`, absent only for 404 on a manifest URL (the distribution spec's answer
 ///   for an unknown manifest).
+/// - A refusal of policy-server's credentials (any 401, a token server's refusal, a 403, or a
+///   message of [`REFUSED_MESSAGES`]) is a lookup error that names `image`'s registry and where
+///   the credentials come from; Docker Hub's, that the repository may not exist.
 /// - Anything else is a lookup error: its first line, and the root cause of the `Caused by:`
 ///   list when the first line does not already say it (`... (Connect): Connection refused (os
 ///   error 111)`).
@@ -167,9 +170,8 @@ fn credentials_refused(said: &str, image: &str) -> LookupError {
         ));
     }
     LookupError::Failed(format!(
-        "registry {} refused policy-server's credentials for it, or policy-server has none ({said}): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for {} there (ECR tokens expire after 12 hours)",
-        truncated(host, 100),
-        truncated(host, 100)
+        "registry {host} refused policy-server's credentials for it, or policy-server has none ({said}): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for {host} there (ECR tokens expire after 12 hours)",
+        host = truncated(host, 100)
     ))
 }
 
