@@ -85,6 +85,10 @@ load helpers
   check_case ordered-first-refusing
 }
 
+@test "ordered mirrors: the first down and slow to say so (457 ms): the second is still asked within the budget" {
+  check_case ordered-first-down-slow
+}
+
 @test "ordered mirrors: neither holds the image: onMissing, naming each mirror's outcome" {
   check_case ordered-neither
 }

@@ -3,20 +3,27 @@
 //! lookups that would likely end past `lookupBudgetMilliseconds`, and the images it did not look
 //! up follow `onLookupError` instead.
 //!
-//! "Likely" is measured, not guessed: a lookup is started only when the time the evaluation has
-//! run plus the lookup's prediction fits in the budget. A lookup is predicted from its own
-//! registry: the slowest lookup of this admission on that registry host, since a mirror next
-//! door and a registry behind a token server on another continent differ tenfold. A registry
-//! not yet asked is predicted at the slowest lookup so far on any registry, and at no less than
-//! a quarter of the budget (200 ms by default, four round trips to a registry 50 ms away): small
-//! enough that `verifySource` can plan an image's first step (the mirror's digest, then one
-//! lookup of the source) with room for the steps that may follow, large enough that a distant
-//! registry is not started at the end of the budget on a near one's timing. A lone lookup on a
-//! registry not yet asked (not part of such a plan) is predicted at five times the slowest
-//! lookup so far too: the registry asked first may be the near one, and on policy-server 1.35 a
-//! registry 100 ms away, started after one 20 ms away had answered, ended past the budget. The
-//! admission asks the first image of each registry first (`pod`), so that these predictions are
-//! needed only while the budget is fresh.
+//! "Likely" is measured, not guessed, and the contract is the one the timeouts are sized for:
+//! no lookup starts once the budget has run out, so the evaluation ends within the budget plus
+//! one lookup of the slowest registry.
+//!
+//! - A registry this admission has asked already: its next lookup starts only when the time
+//!   the evaluation has run plus that registry's slowest lookup so far fits in the budget.
+//! - A registry not yet asked, alone: its lookup starts while any of the budget is left.
+//!   Nothing this admission measured predicts it: the second mirror of an ordered list may be
+//!   five times further than the first, and the first lookup of a fresh policy-server costs
+//!   half as much again as a later one (KUBEWARDEN.md, policy-server 1.35), so any factor is
+//!   either too timid for failover between near mirrors or too bold for a far one. Predicted
+//!   at five times the slowest lookup so far (0.4.0), ordered mirrors 20 ms apart no longer
+//!   failed over at the default budget on 1.35 (issue 31).
+//! - A registry not yet asked, as part of a sequence (`verifySource`'s first step: the
+//!   mirror's digest, then one lookup of the source): predicted at the slowest lookup so far
+//!   and at no less than a quarter of the budget (200 ms by default, four round trips to a
+//!   registry 50 ms away), so that no lookup is spent on a comparison the budget would then
+//!   cut short.
+//!
+//! The admission asks the first image of each registry first (`pod`), so that a registry not
+//! yet asked is asked while the budget is fresh.
 //!
 //! The time is the wall clock around each host call, so it includes the wait for the host's
 //! lock while other admissions' lookups run (policy-server serialises them), which the
@@ -25,7 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::registry::{LookupError, Manifest, Registry, registry_host};
+use crate::registry::{LookupError, Manifest, Refusal, Registry, registry_host};
 
 /// A monotonic clock; the module's own in the policy, a hand-moved one in unit tests.
 pub trait Clock {
@@ -92,13 +99,12 @@ fn whole_ms(duration: Duration) -> u64 {
 /// budget (see the module's documentation).
 const UNASKED_REGISTRY_SHARE: u32 = 4;
 
-/// How many times slower than the slowest lookup so far a registry not yet asked is predicted,
-/// when its lookup is not part of a plan: the registry asked first may be the near one. Five
-/// times covers a registry 100 ms away after one 20 ms away, the distances the docs size for:
-/// measured, 0.63-0.68 s against about 0.16 s on policy-server 1.35, 0.42-0.56 s against about
-/// 0.1 s on 1.31. Without it, on 1.35, such a far registry was started after the near one's
-/// first lookup and ended past the budget (769-846 ms of 800).
-const UNASKED_REGISTRY_FACTOR: u32 = 5;
+/// How a lookup is weighed: alone, or as part of a sequence that must conclude.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Weighed {
+    Alone,
+    InSequence,
+}
 
 /// A [`Registry`] that asks `inner` only while the budget allows, and says
 /// [`LookupError::OverBudget`] otherwise.
@@ -112,7 +118,7 @@ pub struct Budgeted<'r, R, C> {
     /// The slowest lookup so far on each registry host.
     slowest_by_host: BTreeMap<String, Duration>,
     /// Registry hosts of sequences already judged affordable (`verifySource`'s first step):
-    /// their first lookup was planned with the rest, at the plan's prediction.
+    /// their first lookup was planned with the rest, and is weighed as the plan weighed it.
     planned_hosts: BTreeSet<String>,
 }
 
@@ -135,42 +141,60 @@ impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
     }
 
     /// What a lookup on `host` will likely take. A registry asked already: its slowest lookup.
-    /// One not yet asked: the slowest lookup so far on any registry, and no less than a quarter
-    /// of the budget; and, for a lookup that is not part of a plan, five times that slowest
-    /// lookup, since the registry asked first may be the near one.
-    fn predicted(&self, host: &str, in_plan: bool) -> Duration {
+    /// One not yet asked, in a sequence (or named by one judged affordable): the slowest
+    /// lookup so far on any registry, and no less than a quarter of the budget. One not yet
+    /// asked, alone: nothing, so that it starts while any of the budget is left.
+    fn predicted(&self, host: &str, weighed: Weighed) -> Duration {
         if let Some(slowest) = self.slowest_by_host.get(host) {
             return *slowest;
         }
-        let floor = self
-            .report
-            .slowest
-            .max(self.report.limit / UNASKED_REGISTRY_SHARE);
-        if in_plan || self.planned_hosts.contains(host) {
-            floor
+        if weighed == Weighed::InSequence || self.planned_hosts.contains(host) {
+            self.report
+                .slowest
+                .max(self.report.limit / UNASKED_REGISTRY_SHARE)
         } else {
-            floor.max(self.report.slowest * UNASKED_REGISTRY_FACTOR)
+            Duration::ZERO
         }
     }
 
-    /// Whether lookups of `images`, in that order, would likely all end within the budget. The
-    /// first lookup of an admission is predicted to take no time: with nothing measured there
-    /// is nothing to predict from, and an admission that looks nothing up swaps nothing.
-    fn predicted_to_fit(&self, images: &[&str], now: Duration, in_plan: bool) -> bool {
+    /// Whether lookups of `images`, in that order, would likely all end within the budget, or
+    /// why not. None starts once the budget has run out. The first lookup of an admission is
+    /// predicted to take no time: with nothing measured there is nothing to predict from, and
+    /// an admission that looks nothing up swaps nothing.
+    fn predicted_to_fit(
+        &self,
+        images: &[&str],
+        now: Duration,
+        weighed: Weighed,
+    ) -> Result<(), Refusal> {
         let first_of_admission = usize::from(self.report.lookups == 0);
-        let predicted: Duration = images
+        let needed: Duration = images
             .iter()
             .skip(first_of_admission)
-            .map(|image| self.predicted(registry_host(image), in_plan))
+            .map(|image| self.predicted(registry_host(image), weighed))
             .sum();
-        now + predicted <= self.report.limit
+        if now < self.report.limit && now + needed <= self.report.limit {
+            return Ok(());
+        }
+        let mut registries: Vec<&str> = Vec::new();
+        for image in images {
+            let host = registry_host(image);
+            if !registries.contains(&host) {
+                registries.push(host);
+            }
+        }
+        Err(Refusal {
+            registry: registries.join(" then "),
+            needed_ms: whole_ms(needed),
+            left_ms: whole_ms(self.report.limit.saturating_sub(now)),
+        })
     }
 
     /// [`Budgeted::predicted_to_fit`], counting a no as a refusal.
-    fn fits(&mut self, images: &[&str], in_plan: bool) -> bool {
+    fn fits(&mut self, images: &[&str], weighed: Weighed) -> Result<(), Refusal> {
         let now = self.clock.now();
-        let fits = self.predicted_to_fit(images, now, in_plan);
-        if !fits {
+        let fits = self.predicted_to_fit(images, now, weighed);
+        if fits.is_err() {
             self.report.refused += 1;
             self.report.elapsed = self.report.elapsed.max(now);
         }
@@ -182,9 +206,8 @@ impl<'r, R: Registry, C: Clock> Budgeted<'r, R, C> {
         image: &str,
         lookup: impl FnOnce(&mut R) -> Result<T, LookupError>,
     ) -> Result<T, LookupError> {
-        if !self.fits(&[image], false) {
-            return Err(LookupError::OverBudget);
-        }
+        self.fits(&[image], Weighed::Alone)
+            .map_err(LookupError::OverBudget)?;
         let before = self.clock.now();
         let answer = lookup(self.inner);
         let after = self.clock.now();
@@ -212,18 +235,17 @@ impl<R: Registry, C: Clock> Registry for Budgeted<'_, R, C> {
         self.guarded(image, |inner| inner.manifest(image))
     }
 
-    fn affordable(&mut self, images: &[&str]) -> bool {
-        let fits = self.fits(images, true);
-        if fits {
-            for image in images {
-                self.planned_hosts.insert(registry_host(image).to_string());
-            }
+    fn affordable(&mut self, images: &[&str]) -> Result<(), Refusal> {
+        self.fits(images, Weighed::InSequence)?;
+        for image in images {
+            self.planned_hosts.insert(registry_host(image).to_string());
         }
-        fits
+        Ok(())
     }
 
     fn would_fit(&self, images: &[&str]) -> bool {
-        self.predicted_to_fit(images, self.clock.now(), false)
+        self.predicted_to_fit(images, self.clock.now(), Weighed::InSequence)
+            .is_ok()
     }
 }
 
@@ -378,6 +400,10 @@ pub mod tests {
         }
     }
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     /// Asks `images` in order under an 800 ms budget; the hosts of the lookups made.
     fn asked(latency_ms: &[(&'static str, u64)], images: &[&str]) -> Vec<String> {
         let clock = FakeClock::default();
@@ -389,30 +415,43 @@ pub mod tests {
         hosts.ended.into_iter().map(|(host, _)| host).collect()
     }
 
+    /// The contract: no lookup starts once the budget has run out. Near lookups of 30 ms end
+    /// at 30 … 780 (the 27th would end at 810); the far registry, never asked, starts with 20 ms
+    /// left and ends within the budget plus its own lookup. With none left, it is not started.
     #[test]
-    fn a_registry_not_yet_asked_is_predicted_at_a_quarter_of_the_budget_at_least() {
-        // Near lookups of 30 ms end at 30 … 540: the far registry, predicted at 200 ms (not at
-        // five times the near one's 30 ms), still fits at 600 but no longer at 630.
-        let made = |near: usize| {
-            let mut images = vec!["near.io/a"; near];
-            images.push("far.io/a");
-            asked(&[("near.io", 30), ("far.io", 150)], &images)
-        };
+    fn a_registry_not_yet_asked_starts_while_any_of_the_budget_is_left() {
+        let clock = FakeClock::default();
+        let mut hosts = Hosts::new(&clock, &[("near.io", 30), ("far.io", 150)]);
+        let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
+        for _ in 0..27 {
+            let _ = budgeted.manifest_digest("near.io/a");
+        }
+        assert!(budgeted.manifest_digest("far.io/a").is_ok(), "780 + 150");
+        assert_eq!(hosts.ended.len(), 27, "26 near, then the far one");
+        assert_eq!(hosts.ended.last(), Some(&("far.io".to_string(), ms(930))));
+
+        let clock = FakeClock::default();
+        let mut hosts = Hosts::new(&clock, &[("near.io", 400), ("far.io", 150)]);
+        let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
+        let _ = budgeted.manifest_digest("near.io/a");
+        let _ = budgeted.manifest_digest("near.io/a");
         assert_eq!(
-            made(20).last().map(String::as_str),
-            Some("far.io"),
-            "600 + 200"
+            budgeted.manifest_digest("far.io/a"),
+            Err(LookupError::OverBudget(Refusal {
+                registry: "far.io".to_string(),
+                needed_ms: 0,
+                left_ms: 0,
+            })),
+            "800: the budget has run out"
         );
-        assert!(!made(21).contains(&"far.io".to_string()), "630 + 200");
     }
 
     /// policy-server 1.35's timing (KUBEWARDEN.md): a mirror 20 ms away answers in about
-    /// 160 ms, one 100 ms away in 650. Started after the near one's first lookup on the near
-    /// one's timing, the far lookup would end at 810 ms; predicted at five times 160 ms, it is
-    /// not started, and the near lookups go on within the budget. On 1.31's (100 and 420 ms)
-    /// it is: 100 + 500 fits, and it ends at 520.
+    /// 160 ms, one 100 ms away in 650. The far one, asked second, starts with 640 ms left and
+    /// ends at 810 ms, within the budget plus one lookup of the slowest registry; after it,
+    /// nothing starts. On 1.31's timing (100 and 420 ms) the near lookups go on after it.
     #[test]
-    fn a_lone_lookup_on_a_registry_not_yet_asked_is_predicted_at_five_times_the_slowest() {
+    fn a_lone_lookup_on_a_registry_not_yet_asked_is_not_held_back_by_another_registrys_timing() {
         let images = [
             "near.io/a",
             "far.io/a",
@@ -421,57 +460,76 @@ pub mod tests {
             "near.io/a",
         ];
         let made = asked(&[("near.io", 160), ("far.io", 650)], &images);
-        assert_eq!(made, ["near.io", "near.io", "near.io", "near.io"]);
+        assert_eq!(made, ["near.io", "far.io"]);
         let made = asked(&[("near.io", 100), ("far.io", 420)], &images);
         assert_eq!(made, ["near.io", "far.io", "near.io", "near.io"]);
     }
 
-    /// A registry a plan named (`verifySource`'s first step names the source's) is predicted at
-    /// the plan's floor when its lookup comes, not at five times the slowest.
+    /// Ordered mirrors on two hosts, 20 ms away on policy-server 1.35 (issue 31): the first
+    /// lookup of a fresh process took 457 ms and found nothing; the second mirror is asked
+    /// with 343 ms left. Predicted at five times 457 ms (0.4.0) it was not.
+    #[test]
+    fn the_second_mirror_of_an_ordered_list_is_asked_after_a_slow_first_answer() {
+        let made = asked(
+            &[("first.io", 457), ("second.io", 180)],
+            &["first.io/a", "second.io/a"],
+        );
+        assert_eq!(made, ["first.io", "second.io"]);
+    }
+
+    /// A registry a plan named (`verifySource`'s first step names the source's) is weighed as
+    /// the plan weighed it; a sequence weighs a registry not yet asked at a quarter of the
+    /// budget at least, where a lone lookup on it would start.
     #[test]
     fn a_registry_a_plan_named_is_predicted_as_the_plan_was() {
         let clock = FakeClock::default();
         let mut hosts = Hosts::new(&clock, &[("m.io", 205), ("s.io", 205)]);
         let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
-        assert!(budgeted.affordable(&["m.io/a", "s.io/a"]));
+        assert!(budgeted.affordable(&["m.io/a", "s.io/a"]).is_ok());
         let _ = budgeted.manifest_digest("m.io/a");
         assert!(budgeted.manifest_digest("s.io/a").is_ok(), "205 + 205");
+
         let clock = FakeClock::default();
-        let mut hosts = Hosts::new(&clock, &[("m.io", 205), ("s.io", 205)]);
+        let mut hosts = Hosts::new(&clock, &[("m.io", 650), ("s.io", 205)]);
         let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
         let _ = budgeted.manifest_digest("m.io/a");
         assert_eq!(
-            budgeted.manifest_digest("s.io/a"),
-            Err(LookupError::OverBudget),
-            "unplanned: 205 + 5 × 205"
+            budgeted.affordable(&["m.io/b", "s.io/b"]),
+            Err(Refusal {
+                registry: "m.io then s.io".to_string(),
+                needed_ms: 1_300,
+                left_ms: 150,
+            }),
+            "650 + 650 + 650"
+        );
+        assert!(
+            budgeted.manifest_digest("s.io/a").is_ok(),
+            "alone: 150 left"
         );
     }
 
+    /// The issue's case of 0.3 (mirrors 20 ms and 100 ms away, 85 and 405 ms a lookup): eight
+    /// near lookups end at 680 ms, and the far one starts then and ends at 1,085 ms, within
+    /// the budget plus one lookup of the slowest registry, which the documented timeouts allow
+    /// for (README, "Deploy"). Nothing starts after it.
     #[test]
-    fn a_registry_not_yet_asked_is_predicted_at_the_slowest_lookup_on_any_registry() {
-        // The far registry first (405 ms): the near one, never asked, is predicted at 405 ms.
-        let made = asked(
-            &[("near.io", 85), ("far.io", 405)],
-            &["far.io/a", "near.io/a"],
-        );
-        assert_eq!(made, ["far.io"]);
-    }
-
-    /// The issue's case: mirrors 20 ms and 100 ms away (85 and 405 ms a lookup). Eight near
-    /// lookups end at 680 ms; the far one, predicted from the near one's timing alone, would
-    /// have started and ended at 1,085 ms.
-    #[test]
-    fn a_distant_registry_is_not_predicted_from_a_near_ones_timing() {
+    fn a_distant_registry_asked_late_ends_within_the_budget_and_one_of_its_lookups() {
+        let clock = FakeClock::default();
+        let mut hosts = Hosts::new(&clock, &[("near.io", 85), ("far.io", 405)]);
+        let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
         let mut images = ["near.io/a"; 8].to_vec();
-        images.push("far.io/a");
-        let made = asked(&[("near.io", 85), ("far.io", 405)], &images);
-        assert_eq!(made.len(), 8, "{made:?}");
-        assert!(!made.contains(&"far.io".to_string()));
+        images.extend(["far.io/a", "near.io/a"]);
+        for image in images {
+            let _ = budgeted.manifest_digest(image);
+        }
+        assert_eq!(hosts.ended.len(), 9);
+        assert_eq!(hosts.ended.last(), Some(&("far.io".to_string(), ms(1_085))));
+        assert!(ms(1_085) <= ms(800 + 405));
     }
 
     #[test]
     fn a_registry_asked_is_predicted_from_its_own_slowest_lookup() {
-        // near 85 → 85; far (425 predicted) → 490; near 85 each → 575, 660, 745; the next
+        // near 85 → 85; far (not yet asked) → 490; near 85 each → 575, 660, 745; the next
         // near one would end at 830, and far again (405) at 1,150.
         let mut images = vec!["near.io/a", "far.io/a"];
         images.extend(["near.io/a"; 4]);
@@ -488,13 +546,22 @@ pub mod tests {
         let mut hosts = Hosts::new(&clock, &[("m.io", 85), ("s.io", 250)]);
         let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
         let sequence = ["m.io/a", "s.io/a", "s.io/a", "m.io/a"];
-        assert!(budgeted.affordable(&sequence), "0 + 200 + 200 + 200");
+        assert!(
+            budgeted.affordable(&sequence).is_ok(),
+            "0 + 200 + 200 + 200"
+        );
         let _ = budgeted.manifest_digest("m.io/a");
-        assert!(budgeted.affordable(&sequence[1..]), "85 + 200 + 200 + 85");
+        assert!(
+            budgeted.affordable(&sequence[1..]).is_ok(),
+            "85 + 200 + 200 + 85"
+        );
         let _ = budgeted.manifest_digest("s.io/a");
-        assert!(budgeted.affordable(&sequence[2..]), "335 + 250 + 85");
+        assert!(
+            budgeted.affordable(&sequence[2..]).is_ok(),
+            "335 + 250 + 85"
+        );
         // A second image's whole sequence: 335 + 85 + 250 + 250 + 85 = 1,005.
-        assert!(!budgeted.affordable(&sequence));
+        assert!(budgeted.affordable(&sequence).is_err());
         assert_eq!(budgeted.report().refused, 1);
         assert_eq!(hosts.ended.len(), 2, "a refused sequence asks nothing");
     }
@@ -507,7 +574,7 @@ pub mod tests {
         let mut hosts = Hosts::new(&clock, &[("m.io", 205), ("s.io", 205)]);
         let mut budgeted = Budgeted::new(&mut hosts, &clock, Duration::from_millis(800));
         assert!(
-            budgeted.affordable(&["m.io/a", "s.io/a"]),
+            budgeted.affordable(&["m.io/a", "s.io/a"]).is_ok(),
             "the image's first step"
         );
         let _ = budgeted.manifest_digest("m.io/a");
@@ -517,7 +584,11 @@ pub mod tests {
         );
         assert!(budgeted.would_fit(&["s.io/a", "m.io/a"]), "205 + 2 × 205");
         assert_eq!(budgeted.report().refused, 0);
-        assert!(!budgeted.affordable(&["s.io/a", "s.io/a", "m.io/a"]));
+        assert!(
+            budgeted
+                .affordable(&["s.io/a", "s.io/a", "m.io/a"])
+                .is_err()
+        );
         assert_eq!(budgeted.report().refused, 1);
     }
 

@@ -15,8 +15,8 @@ pub trait Registry {
     /// Whether the lookups of `images`, made in that order, are likely to end within the
     /// admission's lookup budget; asked before a decision starts a sequence of lookups, so that
     /// none is spent on a decision the budget would then cut short. Without a budget, always.
-    fn affordable(&mut self, _images: &[&str]) -> bool {
-        true
+    fn affordable(&mut self, _images: &[&str]) -> Result<(), Refusal> {
+        Ok(())
     }
     /// The same prediction without a refusal: asked to choose between plans, of which the one
     /// not chosen is not a lookup refused. Without a budget, always.
@@ -127,5 +127,32 @@ pub enum LookupError {
     Absent(String),
     Failed(String),
     /// Not asked: the admission's lookup budget would likely have run out first.
-    OverBudget,
+    OverBudget(Refusal),
+}
+
+/// Why the budget did not start a lookup (or a sequence of lookups): the registry whose
+/// lookup was not started, what it was predicted to need, and what was left of the budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refusal {
+    pub registry: String,
+    pub needed_ms: u64,
+    pub left_ms: u64,
+}
+
+impl Refusal {
+    /// "mirror.example.com would need about 320 ms, 150 ms were left", or, when nothing was
+    /// left, "the budget had run out before a lookup on mirror.example.com".
+    pub fn describe(&self) -> String {
+        if self.left_ms == 0 {
+            format!(
+                "the budget had run out before a lookup on {}",
+                self.registry
+            )
+        } else {
+            format!(
+                "{} would need about {} ms, {} ms were left",
+                self.registry, self.needed_ms, self.left_ms
+            )
+        }
+    }
 }

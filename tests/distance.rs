@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rig::hosts::{LiveHost, LookupLock, SerialisedHost};
 use rig::images::push_apps;
-use rig::proxy::{HostModel, LatencyProxy, Transport};
+use rig::proxy::{HostModel, HostProcess, LatencyProxy, Transport};
 use rig::registry::TestRegistry;
 use rig::wapc::SharedHost;
 use rig::{Response, pod_request, shared, validate};
@@ -86,17 +86,17 @@ fn swapped_prefix(images: &[String], mirror_host: &str) -> usize {
 }
 
 #[test]
-fn a_pod_of_30_images_on_a_mirror_100_ms_away_is_admitted_in_time_with_the_first_swapped() {
-    let mirror = filled_mirror("far", 30);
+fn a_pod_of_32_images_on_a_mirror_100_ms_away_is_admitted_in_time_with_the_first_swapped() {
+    let mirror = filled_mirror("far", 32);
     for model in HostModel::ALL {
-        thirty_images_100_ms_away(&mirror, model);
+        images_100_ms_away(&mirror, model);
     }
 }
 
-fn thirty_images_100_ms_away(mirror: &TestRegistry, model: HostModel) {
+fn images_100_ms_away(mirror: &TestRegistry, model: HostModel) {
     let far = far(mirror, 100, model);
     let lookup_ms = model.lookup(Duration::from_millis(100)).as_millis() as u64;
-    let request = pod((0..30).map(|i| format!("app{i}:1")));
+    let request = pod((0..32).map(|i| format!("app{i}:1")));
     let host = shared(LiveHost::default());
     rig::policy(); // compiled once per process, as policy-server does, before the clock starts
     let started = Instant::now();
@@ -107,30 +107,33 @@ fn thirty_images_100_ms_away(mirror: &TestRegistry, model: HostModel) {
     let images = images(&response, &request);
     let swapped = swapped_prefix(&images, &far.host);
     let lookups = host.lock().unwrap().exchanges.len();
-    assert!((1..30).contains(&swapped), "{swapped} swapped: {images:?}");
+    assert!((1..32).contains(&swapped), "{swapped} swapped: {images:?}");
     assert_eq!(
         lookups, swapped,
         "one lookup per swapped image, none after the budget"
     );
-    let kept = 30 - swapped;
+    let kept = 32 - swapped;
     let warning = response
         .warnings
         .iter()
-        .find(|w| w.starts_with("lookup budget of 800 ms spent: "))
+        .find(|w| w.starts_with("lookup budget of 800 ms: "))
         .unwrap_or_else(|| panic!("no budget warning in {:?}", response.warnings));
     let made = match lookups {
         1 => "1 lookup".to_string(),
         n => format!("{n} lookups"),
     };
     assert!(
-        warning.contains(&format!("ms of it in {made} (the slowest ")) && warning.contains(&format!("{kept} images were not looked up or compared in time and kept as they were (onLookupError is keep)")),
+        warning.contains(&format!("ms of it in {made} (the slowest "))
+            && warning.contains(&format!("{kept} images were not looked up or compared in time and kept as they were (onLookupError is keep)"))
+            && warning.contains(&format!("({} would need about ", far.host)),
         "{warning}"
     );
     // A lookup costs four round trips on 1.31 (connect, TLS, GET /v2/, HEAD), 400 ms, and six
-    // on 1.35, 600 ms. The budget stops before one would end past 800 ms, so the evaluation
-    // ends within the budget and one lookup.
+    // on 1.35, 600 ms. The budget starts no second lookup on a registry whose first would end
+    // past 800 ms, so the evaluation ends before policy-server's default timeout (2 s) can
+    // interrupt it: that comes at the first tick of its one-second clock after 1 s.
     assert!(
-        took < Duration::from_millis(BUDGET_MS + lookup_ms + 300),
+        took < Duration::from_secs(1),
         "policy-server {}: took {took:?}",
         model.name()
     );
@@ -145,14 +148,125 @@ fn thirty_images_100_ms_away(mirror: &TestRegistry, model: HostModel) {
     assert_eq!(summary["notLookedUp"], json!(kept));
 }
 
-/// Two mirrors, 20 ms and 100 ms away (a lookup costs about 85 and 405 ms), and a Pod that
-/// names eight images of the near one, then one of the far one. The far mirror is asked while
-/// the budget is fresh, every later lookup is predicted from its own mirror's timing, and the
-/// evaluation ends within the budget, on either release's timing: on 1.31's the far image is
-/// swapped; on 1.35's it would end past the budget, so it is not started.
+/// A proxy `round_trip` away for lookups of `process`.
+fn far_in(
+    registry: &TestRegistry,
+    round_trip: u64,
+    model: HostModel,
+    process: &HostProcess,
+) -> LatencyProxy {
+    LatencyProxy::start_in(
+        &registry.host,
+        Duration::from_millis(round_trip),
+        model,
+        Transport::Https,
+        process,
+    )
+    .expect("proxy")
+}
+
+/// One policy-server process: its lookup lock and 60-second cache, over one live host.
+fn policy_server() -> (Arc<LookupLock>, Arc<Mutex<LiveHost>>) {
+    (
+        Arc::new(LookupLock::default()),
+        Arc::new(Mutex::new(LiveHost::default())),
+    )
+}
+
+fn evaluation(lock: &Arc<LookupLock>, live: &Arc<Mutex<LiveHost>>) -> SharedHost {
+    Arc::new(Mutex::new(SerialisedHost {
+        lock: lock.clone(),
+        inner: live.clone(),
+    }))
+}
+
+/// Issue 31: a rule with two targets on two hosts, each 20 ms away over HTTPS; the first lacks
+/// a fresh image, the second holds it. Three Pods, one fresh image each, through one fresh
+/// policy-server process (its first lookup cold), at the default budget and at 1.5 and 2.5 s.
+/// Predicted at five times the first answer (0.4.0), the second target was never asked at the
+/// default budget on 1.35 (0 of 3, as measured on the real host), and not on the cold
+/// admission at any budget; now every Pod is swapped to the second target.
+#[test]
+fn ordered_mirrors_fail_over_between_hosts_20_ms_away() {
+    let first = TestRegistry::start("failover-first").expect("registry");
+    let second = TestRegistry::start("failover-second").expect("registry");
+    push_apps(&second, "hub", 9);
+    rig::policy();
+    for model in HostModel::ALL {
+        let mut row = Vec::new();
+        for (n, budget) in [800u64, 1_500, 2_500].into_iter().enumerate() {
+            let process = HostProcess::fresh();
+            let first_far = far_in(&first, 20, model, &process);
+            let second_far = far_in(&second, 20, model, &process);
+            let settings = json!({
+                "mirrors": [{"source": "docker.io", "targets": [
+                    {"target": format!("{}/hub", first_far.host)},
+                    {"target": format!("{}/hub", second_far.host)},
+                ]}],
+                "lookupBudgetMilliseconds": budget,
+            });
+            let (lock, live) = policy_server();
+            let mut swapped = 0;
+            let mut first_costs = Vec::new();
+            let mut kept = Vec::new();
+            for pod_n in 0..3 {
+                let image = format!("app{}:1", n * 3 + pod_n);
+                let request = pod(std::iter::once(image.clone()));
+                let started = Instant::now();
+                let response = validate(&settings, &request, evaluation(&lock, &live));
+                let took = started.elapsed();
+                assert!(response.accepted, "{response:?}");
+                let exchanges = live.lock().unwrap().exchanges.len();
+                assert!(exchanges >= 1);
+                let summary = &response.audit["summary"];
+                first_costs.push(summary["lookupMilliseconds"].as_u64().unwrap_or(0));
+                let got = images(&response, &request);
+                if got[0].starts_with(&format!("{}/hub/library/{image}@sha256:", second_far.host)) {
+                    swapped += 1;
+                } else {
+                    kept.push(format!(
+                        "Pod {pod_n} kept after {took:?}: {:?}",
+                        response.warnings
+                    ));
+                }
+                // Within the budget and one lookup of the slowest registry, with room to spare
+                // under the documented timeoutEvalSeconds.
+                let bound = Duration::from_millis(budget)
+                    + model.lookup(Duration::from_millis(20))
+                    + model.cold_start();
+                assert!(took < bound, "{took:?} against {bound:?}");
+            }
+            row.push((
+                format!("{budget} ms: {swapped} of 3 (lookups {first_costs:?} ms)"),
+                kept,
+            ));
+        }
+        eprintln!(
+            "policy-server {}: ordered targets 20 ms away, the first lacking the image: {}",
+            model.name(),
+            row.iter()
+                .map(|(figures, _)| figures.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        for (figures, kept) in &row {
+            assert!(
+                kept.is_empty(),
+                "policy-server {}, {figures}: {kept:?}",
+                model.name()
+            );
+        }
+    }
+}
+
+/// Two mirrors, 20 ms and 100 ms away, and a Pod that names six images of the near one, then
+/// one of the far one, admitted three times by one fresh policy-server process (its lock and
+/// 60-second cache). The far mirror is asked second, while the budget is fresh, and its image
+/// is swapped on every admission; nothing starts after the budget has run out, so every
+/// admission ends within the budget and one lookup of the far registry: before 1.6 s.
 #[test]
 fn a_near_and_a_far_mirror_each_predicted_from_its_own_timing() {
-    let near_registry = filled_mirror("two-near", 8);
+    let near_registry = filled_mirror("two-near", 6);
     let far_registry = filled_mirror("two-far", 1);
     for model in HostModel::ALL {
         near_and_far(&near_registry, &far_registry, model);
@@ -160,8 +274,9 @@ fn a_near_and_a_far_mirror_each_predicted_from_its_own_timing() {
 }
 
 fn near_and_far(near_registry: &TestRegistry, far_registry: &TestRegistry, model: HostModel) {
-    let near = far(near_registry, 20, model);
-    let far = far(far_registry, 100, model);
+    let process = HostProcess::fresh();
+    let near = far_in(near_registry, 20, model, &process);
+    let far = far_in(far_registry, 100, model, &process);
     let settings = json!({
         "mirrors": [
             {"source": "docker.io", "target": format!("{}/hub", near.host)},
@@ -169,54 +284,47 @@ fn near_and_far(near_registry: &TestRegistry, far_registry: &TestRegistry, model
         ],
         "lookupBudgetMilliseconds": BUDGET_MS,
     });
-    let request = pod((0..8)
+    let request = pod((0..6)
         .map(|i| format!("app{i}:1"))
         .chain(std::iter::once("quay.io/far/app0:1".to_string())));
-    let host = shared(LiveHost::default());
+    let (lock, live) = policy_server();
     rig::policy();
-    let response = validate(&settings, &request, host.clone());
-    assert!(response.accepted, "{response:?}");
-    let images = images(&response, &request);
-    let far_swapped = images[8].starts_with(&format!("{}/hub/library/app0:1@sha256:", far.host));
-    let summary = &response.audit["summary"];
-    let evaluation = summary["evaluationMilliseconds"].as_u64().expect("ms");
-    assert!(
-        evaluation <= BUDGET_MS,
-        "policy-server {}: the evaluation ran {evaluation} ms: {summary}",
-        model.name()
-    );
-    let lookups = host.lock().unwrap().lookups();
-    eprintln!(
-        "policy-server {}: near mirror 20 ms, far mirror 100 ms away: the evaluation ran {evaluation} ms, {} lookups: {lookups:?}",
-        model.name(),
-        lookups.len()
-    );
-    match model {
-        // The near mirror answers in about 100 ms: the far one, predicted at five times that,
-        // fits, is asked second while the budget is fresh, and is swapped.
-        HostModel::V1_31 => {
-            assert!(far_swapped, "{images:?}");
+    for admission in 0..3 {
+        let started = Instant::now();
+        let response = validate(&settings, &request, evaluation(&lock, &live));
+        let took = started.elapsed();
+        assert!(response.accepted, "{response:?}");
+        let images = images(&response, &request);
+        let summary = &response.audit["summary"];
+        let evaluation_ms = summary["evaluationMilliseconds"].as_u64().expect("ms");
+        eprintln!(
+            "policy-server {}, admission {admission}: near mirror 20 ms, far mirror 100 ms away: {took:?}, the module measured {evaluation_ms} ms; {:?}",
+            model.name(),
+            response.warnings
+        );
+        assert!(
+            images[6].starts_with(&format!("{}/hub/library/app0:1@sha256:", far.host)),
+            "policy-server {}, admission {admission}: {images:?} {:?}",
+            model.name(),
+            response.warnings
+        );
+        assert!(
+            took < Duration::from_millis(1_600),
+            "policy-server {}, admission {admission}: {took:?}",
+            model.name()
+        );
+        // The near images not looked up in time name their registry, what a lookup there
+        // would need, and what was left: never "spent" while most of the budget was left.
+        for warning in &response.warnings {
             assert!(
-                lookups[1].contains(&far.host),
-                "the far mirror is asked second, while the budget is fresh: {lookups:?}"
+                warning.starts_with("lookup budget of 800 ms: ")
+                    && (warning.contains(&format!("({} would need about ", near.host))
+                        || warning.contains(&format!(
+                            "(the budget had run out before a lookup on {})",
+                            near.host
+                        ))),
+                "{warning}"
             );
-        }
-        // The near mirror answers in about 165 ms; the far one (650 ms) would end past the
-        // budget, and predicted at five times 165 ms it is not started: kept, with the budget's
-        // warning, while the near images go on.
-        HostModel::V1_35 => {
-            assert!(!far_swapped, "{images:?}");
-            assert!(
-                !lookups.iter().any(|l| l.contains(&far.host)),
-                "{lookups:?}"
-            );
-            assert!(
-                response.warned("\"quay.io/far/app0:1\"")
-                    && response.warned("lookup budget of 800 ms spent"),
-                "{:?}",
-                response.warnings
-            );
-            assert!(swapped_prefix(&images[..8], &near.host) >= 3, "{images:?}");
         }
     }
 }
@@ -240,7 +348,7 @@ fn refused_with_reject(far: &LatencyProxy) {
     assert!(!response.accepted);
     let message = response.message.unwrap_or_default();
     assert!(
-        message.starts_with("lookup budget of 800 ms spent: ")
+        message.starts_with("lookup budget of 800 ms: ")
             && message.contains(
                 "not looked up or compared in time and refused (onLookupError is reject)"
             ),

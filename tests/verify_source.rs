@@ -399,7 +399,7 @@ fn far_a_reencoded_copy_whose_comparison_would_not_fit_is_kept_saying_the_digest
     let learned =
         format!("(its digest differs from the mirror's: source {source}, mirror {converted})");
     assert!(
-        response.warned("lookup budget of 600 ms spent") && response.warned(&learned),
+        response.warned("lookup budget of 600 ms: ") && response.warned(&learned),
         "{:?}",
         response.warnings
     );

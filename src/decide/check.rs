@@ -6,7 +6,7 @@
 
 use crate::policy::Policy;
 use crate::reference::Reference;
-use crate::registry::{LookupError, Registry};
+use crate::registry::{LookupError, Refusal, Registry};
 use crate::rules::Router;
 use crate::text::quote;
 
@@ -95,8 +95,8 @@ pub enum Presence {
     /// It could not be asked, or its answer could not be trusted: why. Not a finding (the
     /// report's `error`): nothing is known of the image.
     NotChecked(String),
-    /// Not asked: the lookup budget would likely have run out first.
-    OverBudget,
+    /// Not asked: the lookup budget would likely have run out first, and why.
+    OverBudget(Refusal),
 }
 
 /// What the check asks about one distinct image of the Pod.
@@ -150,7 +150,7 @@ pub fn check_source(image: &SourceImage, registry: &mut impl Registry) -> Presen
             Presence::NotChecked(why) => {
                 failed.get_or_insert(format!("{}: {why}", quote(&target.lookup)));
             }
-            Presence::OverBudget => return Presence::OverBudget,
+            Presence::OverBudget(refusal) => return Presence::OverBudget(refusal),
         }
     }
     if let Some(why) = failed {
@@ -178,7 +178,7 @@ pub fn check(image: &MirrorImage, registry: &mut impl Registry) -> Presence {
         },
         Err(LookupError::Absent(why)) => Presence::Gone(why),
         Err(LookupError::Failed(why)) => Presence::NotChecked(why),
-        Err(LookupError::OverBudget) => Presence::OverBudget,
+        Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
     }
 }
 

@@ -63,6 +63,8 @@ pub struct Note {
     /// What a comparison the budget cut short had learned (`verifySource`: the two digests,
     /// which differ), for the one message that names the budget's images.
     pub learned: Option<String>,
+    /// Why the budget did not start the lookup, for the same message.
+    pub refusal: Option<crate::registry::Refusal>,
 }
 
 impl Note {
@@ -72,6 +74,7 @@ impl Note {
             text,
             mirrors: Vec::new(),
             learned: None,
+            refusal: None,
         }
     }
 }

@@ -25,7 +25,7 @@
 
 use crate::policy::Platform;
 use crate::reference::Reference;
-use crate::registry::{IndexEntry, LookupError, Manifest, Registry};
+use crate::registry::{IndexEntry, LookupError, Manifest, Refusal, Registry};
 use crate::text::quote;
 
 use super::verified_digest;
@@ -44,7 +44,10 @@ pub(super) enum SourceCheck {
     Failed(String),
     /// A lookup the comparison needed was not made: the budget was spent. `digests` names both
     /// when they were learned to differ.
-    OverBudget { digests: Option<String> },
+    OverBudget {
+        digests: Option<String>,
+        refusal: Refusal,
+    },
 }
 
 /// Compares the mirror's copy (`mirror` = repository@digest) with the source tag, in the
@@ -82,7 +85,12 @@ fn check_by_digests(
     let source_tag = source.as_str();
     let source_digest = match verified_digest(registry, source_tag) {
         Ok(digest) => digest,
-        Err(LookupError::OverBudget) => return SourceCheck::OverBudget { digests: None },
+        Err(LookupError::OverBudget(refusal)) => {
+            return SourceCheck::OverBudget {
+                digests: None,
+                refusal,
+            };
+        }
         Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
             return unreachable_source(source_tag, &why);
         }
@@ -98,7 +106,7 @@ fn check_by_digests(
     // nothing to compare it with. By digest, so that both answers are of one manifest.
     let source_manifest = match registry.manifest(&format!("{}@{source_digest}", source.name())) {
         Ok(manifest) => manifest,
-        Err(LookupError::OverBudget) => return digests.over_budget(),
+        Err(LookupError::OverBudget(refusal)) => return digests.over_budget(refusal),
         Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
             return SourceCheck::Failed(format!("{}: {why}", digests.text()));
         }
@@ -118,7 +126,12 @@ fn check_by_manifests(
     let source_tag = source.as_str();
     let source_manifest = match registry.manifest(source_tag) {
         Ok(manifest) => manifest,
-        Err(LookupError::OverBudget) => return SourceCheck::OverBudget { digests: None },
+        Err(LookupError::OverBudget(refusal)) => {
+            return SourceCheck::OverBudget {
+                digests: None,
+                refusal,
+            };
+        }
         Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
             return unreachable_source(source_tag, &why);
         }
@@ -150,9 +163,10 @@ impl Digests<'_> {
     }
 
     /// Cut short by the budget: what was learned is that the digests differ, if it was.
-    fn over_budget(&self) -> SourceCheck {
+    fn over_budget(&self, refusal: Refusal) -> SourceCheck {
         SourceCheck::OverBudget {
             digests: self.source.map(|_| self.text()),
+            refusal,
         }
     }
 }
@@ -177,7 +191,7 @@ fn compare_manifests(
     }
     let mirror_manifest = match registry.manifest(mirror) {
         Ok(manifest) => manifest,
-        Err(LookupError::OverBudget) => return digests.over_budget(),
+        Err(LookupError::OverBudget(refusal)) => return digests.over_budget(refusal),
         Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
             return SourceCheck::Failed(format!("{text}: {why}"));
         }
@@ -659,7 +673,10 @@ mod tests {
     impl Registry for Rationed {
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             if self.allowed == 0 {
-                return Err(LookupError::OverBudget);
+                return Err(LookupError::OverBudget(Refusal {
+                    registry: crate::registry::registry_host(image).to_string(),
+                    ..Refusal::default()
+                }));
             }
             self.allowed -= 1;
             self.inner.manifest_digest(image)
@@ -667,7 +684,10 @@ mod tests {
 
         fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError> {
             if self.allowed == 0 {
-                return Err(LookupError::OverBudget);
+                return Err(LookupError::OverBudget(Refusal {
+                    registry: crate::registry::registry_host(image).to_string(),
+                    ..Refusal::default()
+                }));
             }
             self.allowed -= 1;
             self.inner.manifest(image)
@@ -701,15 +721,17 @@ mod tests {
         };
         assert_eq!(note.reason, Reason::Budget);
         let what = if allowed == 1 {
-            "not compared with the source: ".to_string()
+            "not compared with the source".to_string()
         } else {
             format!(
-                "not compared with the source, whose digest differs from the mirror's (source {DIGEST_A}, mirror {DIGEST_B}), so their content must be compared: "
+                "not compared with the source, whose digest differs from the mirror's (source {DIGEST_A}, mirror {DIGEST_B}), so their content must be compared"
             )
         };
+        let host = if allowed == 3 { "m.io" } else { "docker.io" };
         assert!(
-            note.text
-                .contains(&format!("{what}the lookup budget of 800 ms was spent")),
+            note.text.contains(&format!(
+                "{what} within the lookup budget of 800 ms: the budget had run out before a lookup on {host}"
+            )),
             "{}",
             note.text
         );
@@ -727,8 +749,12 @@ mod tests {
             self.0.manifest(image)
         }
 
-        fn affordable(&mut self, images: &[&str]) -> bool {
-            images.len() <= 1
+        fn affordable(&mut self, images: &[&str]) -> Result<(), Refusal> {
+            if images.len() <= 1 {
+                Ok(())
+            } else {
+                Err(Refusal::default())
+            }
         }
     }
 
@@ -869,7 +895,7 @@ mod tests {
         301,
         reencoded_copy(),
         "",
-        &format!("keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": not compared with the source, whose digest differs from the mirror's (source {DIGEST_A}, mirror {DIGEST_B}), so their content must be compared: the lookup budget of 800 ms was spent"),
+        &format!("keep image \"docker.io/library/app:1\": kept, not swapped to \"m.io/hub/library/app:1\": not compared with the source, whose digest differs from the mirror's (source {DIGEST_A}, mirror {DIGEST_B}), so their content must be compared within the lookup budget of 800 ms: docker.io would need about 301 ms, 198 ms were left"),
         2
     )]
     fn each_step_starts_when_it_fits(

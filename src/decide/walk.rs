@@ -6,7 +6,7 @@
 
 use crate::policy::{Fallback, Policy, SwapPolicy};
 use crate::reference::Reference;
-use crate::registry::{LookupError, Registry};
+use crate::registry::{LookupError, Refusal, Registry};
 use crate::rules::{Destination, MirrorRepository};
 use crate::text::quote;
 
@@ -22,10 +22,12 @@ enum Failure {
     /// `onLookupError`: the answer could not be had or could not be trusted.
     LookupError(String),
     /// `onLookupError`: the lookup (or comparison) was not made within the budget: what was
-    /// not done, and, for a comparison cut short, the digests that were learned to differ.
+    /// not done, for a comparison cut short the digests that were learned to differ, and the
+    /// budget's reason (the registry, what it would need, what was left).
     Budget {
         not_done: &'static str,
         digests: Option<String>,
+        refusal: Refusal,
     },
     /// Kept whatever the settings say: the Pod cannot gain the secret this mirror needs.
     NoPullSecret(String),
@@ -40,16 +42,19 @@ impl From<LookupError> for Failure {
             LookupError::Failed(why) => {
                 Failure::LookupError(format!("could not look it up ({why})"))
             }
-            LookupError::OverBudget => Failure::NOT_LOOKED_UP,
+            LookupError::OverBudget(refusal) => Failure::not_looked_up(refusal),
         }
     }
 }
 
 impl Failure {
-    const NOT_LOOKED_UP: Failure = Failure::Budget {
-        not_done: "not looked up",
-        digests: None,
-    };
+    fn not_looked_up(refusal: Refusal) -> Failure {
+        Failure::Budget {
+            not_done: "not looked up",
+            digests: None,
+            refusal,
+        }
+    }
 
     fn reason(&self) -> Reason {
         match self {
@@ -67,14 +72,19 @@ impl Failure {
             | Failure::Stale(text)
             | Failure::LookupError(text)
             | Failure::NoPullSecret(text) => text.clone(),
-            Failure::Budget { not_done, digests } => {
+            Failure::Budget {
+                not_done,
+                digests,
+                refusal,
+            } => {
                 let learned = digests
                     .as_deref()
                     .map(differing_digests)
                     .unwrap_or_default();
                 format!(
-                    "{not_done}{learned}: the lookup budget of {} ms was spent",
-                    policy.lookup_budget_ms
+                    "{not_done}{learned} within the lookup budget of {} ms: {}",
+                    policy.lookup_budget_ms,
+                    refusal.describe()
                 )
             }
         }
@@ -176,8 +186,10 @@ fn try_mirror(
             // or without the tag): the mirror is asked only when the source's lookup is likely
             // to fit after it. Which lookup of the source, and the steps after it, are planned
             // once the mirror has answered (`check_source`).
-            if policy.verify_source && !registry.affordable(&[&tagged, reference.as_str()]) {
-                return Err((tagged, Failure::NOT_LOOKED_UP));
+            if policy.verify_source
+                && let Err(refusal) = registry.affordable(&[&tagged, reference.as_str()])
+            {
+                return Err((tagged, Failure::not_looked_up(refusal)));
             }
             let mirror_digest = match verified_digest(registry, &tagged) {
                 Ok(digest) => digest,
@@ -211,9 +223,14 @@ fn try_mirror(
                         return Err((tagged, failure));
                     }
                     // The comparison was not made, so nothing says the copy is current.
-                    SourceCheck::OverBudget { digests } => {
+                    SourceCheck::OverBudget { digests, refusal } => {
                         let not_done = "not compared with the source";
-                        return Err((tagged, Failure::Budget { not_done, digests }));
+                        let failure = Failure::Budget {
+                            not_done,
+                            digests,
+                            refusal,
+                        };
+                        return Err((tagged, failure));
                     }
                 }
             } else {
@@ -242,13 +259,14 @@ fn by_tag_after_digest(
     absent: String,
     registry: &mut impl Registry,
 ) -> Attempt {
-    if !registry.affordable(&[tagged]) {
+    if let Err(refusal) = registry.affordable(&[tagged]) {
         let not_done = "not asked by its tag after the mirror lacked its digest";
         return Err((
             digest_lookup,
             Failure::Budget {
                 not_done,
                 digests: None,
+                refusal,
             },
         ));
     }
@@ -338,11 +356,16 @@ fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> D
         } => Some(digests.clone()),
         _ => None,
     });
+    let refusal = failures.iter().find_map(|(_, failure)| match failure {
+        Failure::Budget { refusal, .. } => Some(refusal.clone()),
+        _ => None,
+    });
     let note = |text: String| Note {
         reason: worst,
         text,
         mirrors: mirrors.clone(),
         learned: learned.clone(),
+        refusal: refusal.clone(),
     };
     match action {
         Fallback::Keep => Decision::Keep(note(format!(
@@ -360,7 +383,7 @@ fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> D
 mod tests {
     use super::super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
     use super::super::{Decision, PullSecrets, Reason, decide, decide_routed, route};
-    use crate::registry::LookupError;
+    use crate::registry::{LookupError, Refusal};
     use rstest::rstest;
 
     /// Docker Hub to an EU mirror (with a pull secret), then a US one.
@@ -533,8 +556,16 @@ mod tests {
             fn manifest(&mut self, image: &str) -> Result<crate::registry::Manifest, LookupError> {
                 self.0.manifest(image)
             }
-            fn affordable(&mut self, _images: &[&str]) -> bool {
-                self.0.asked.is_empty()
+            fn affordable(&mut self, _images: &[&str]) -> Result<(), Refusal> {
+                if self.0.asked.is_empty() {
+                    Ok(())
+                } else {
+                    Err(Refusal {
+                        registry: "m.io".to_string(),
+                        needed_ms: 300,
+                        left_ms: 100,
+                    })
+                }
             }
         }
         let policy = policy_from(&format!(r#"{{{HUB},"onMissing":"reject"}}"#));
@@ -547,7 +578,7 @@ mod tests {
         assert_eq!(
             outcome(&decision),
             format!(
-                "keep Budget: image \"app:1.0@{DIGEST_A}\": kept, not swapped to \"{}\": not asked by its tag after the mirror lacked its digest: the lookup budget of 800 ms was spent",
+                "keep Budget: image \"app:1.0@{DIGEST_A}\": kept, not swapped to \"{}\": not asked by its tag after the mirror lacked its digest within the lookup budget of 800 ms: m.io would need about 300 ms, 100 ms were left",
                 by_digest(DIGEST_A)
             )
         );
@@ -597,7 +628,11 @@ mod tests {
             fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
                 match self.0.asked.len() {
                     0 => self.0.manifest_digest(image),
-                    _ => Err(LookupError::OverBudget),
+                    _ => Err(LookupError::OverBudget(Refusal {
+                        registry: "us.m.io".to_string(),
+                        needed_ms: 0,
+                        left_ms: 0,
+                    })),
                 }
             }
             fn manifest(&mut self, image: &str) -> Result<crate::registry::Manifest, LookupError> {

@@ -41,7 +41,7 @@ impl<R: Registry> Registry for LookOnce<'_, R> {
             .clone()
     }
 
-    fn affordable(&mut self, images: &[&str]) -> bool {
+    fn affordable(&mut self, images: &[&str]) -> Result<(), crate::registry::Refusal> {
         self.inner.affordable(images)
     }
 

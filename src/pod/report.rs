@@ -11,6 +11,7 @@ use crate::decide::check::{CheckedImage, MirrorImage, Presence, SourceImage};
 use crate::decide::{Note, Reason};
 use crate::policy::{Fallback, Policy};
 use crate::reference::Reference;
+use crate::registry::Refusal;
 use crate::text::{quote, truncated};
 
 use super::candidates::Candidate;
@@ -38,12 +39,16 @@ pub(super) fn messages(
         .filter(|entry| !over_budget(entry))
         .map(|(_, note)| note.text.clone())
         .collect();
-    let budget_images: Vec<(&str, Option<&str>)> = verdicts
+    let budget_images: Vec<BudgetImage<'_>> = verdicts
         .kept
         .iter()
         .chain(&verdicts.rejected)
         .filter(over_budget)
-        .map(|(image, note)| (image.as_str(), note.learned.as_deref()))
+        .map(|(image, note)| BudgetImage {
+            image,
+            learned: note.learned.as_deref(),
+            why: note.refusal.as_ref().map(Refusal::describe),
+        })
         .collect();
     if !budget_images.is_empty() {
         let message = budget_message(&budget_images, policy.on_lookup_error, report);
@@ -55,31 +60,51 @@ pub(super) fn messages(
     (capped(warnings, "images not swapped"), rejections)
 }
 
-/// "lookup budget of 800 ms spent: the evaluation had run 815 ms, 812 ms of it in 2 lookups
-/// (the slowest 406 ms); 28 images were not looked up or compared in time and kept as they
-/// were (onLookupError is keep): "a", "b", …". Both figures say what they measure: the budget
-/// counts the whole evaluation, as policy-server's timeout does; the lookups are their part.
-/// An image whose `verifySource` comparison was cut short says what it had learned: "a" (its
-/// digest differs from the mirror's: source sha256:…, mirror sha256:…).
-fn budget_message(
-    images: &[(&str, Option<&str>)],
-    action: Fallback,
-    report: &BudgetReport,
-) -> String {
+/// An image the budget left unlooked-up, for the message that names them all.
+struct BudgetImage<'n> {
+    image: &'n str,
+    /// What a `verifySource` comparison cut short had learned: the two digests, which differ.
+    learned: Option<&'n str>,
+    /// Why its lookup was not started: the registry, what it would need, what was left.
+    why: Option<String>,
+}
+
+/// "lookup budget of 800 ms: 28 images were not looked up or compared in time and kept as
+/// they were (onLookupError is keep): "a", "b" (m.io would need about 406 ms, 170 ms were
+/// left), and 26 more; the evaluation had run 630 ms, 626 ms of it in 2 lookups (the slowest
+/// 406 ms)". Each image named says why its lookup was not started (images refused for the same
+/// reason share it), so that a budget mostly left is never called spent. An image whose
+/// `verifySource` comparison was cut short says what it had learned: "a" (its digest differs
+/// from the mirror's: source sha256:…, mirror sha256:…). Both figures at the end say what they
+/// measure: the budget counts the whole evaluation, as policy-server's timeout does; the
+/// lookups are their part.
+fn budget_message(images: &[BudgetImage<'_>], action: Fallback, report: &BudgetReport) -> String {
     const NAMED: usize = 5;
-    let mut named: Vec<String> = images
-        .iter()
-        .take(NAMED)
-        .map(|(image, learned)| match learned {
+    // Consecutive images refused for the same reason, named together before it.
+    let mut groups: Vec<(Vec<String>, Option<&str>)> = Vec::new();
+    for entry in images.iter().take(NAMED) {
+        let named = match entry.learned {
             Some(digests) => format!(
                 "{} (its digest differs from the mirror's: {digests})",
-                quote(image)
+                quote(entry.image)
             ),
-            None => quote(image),
+            None => quote(entry.image),
+        };
+        match groups.last_mut() {
+            Some((names, why)) if *why == entry.why.as_deref() => names.push(named),
+            _ => groups.push((vec![named], entry.why.as_deref())),
+        }
+    }
+    let mut named = groups
+        .iter()
+        .map(|(names, why)| match why {
+            Some(why) => format!("{} ({why})", names.join(", ")),
+            None => names.join(", "),
         })
-        .collect();
+        .collect::<Vec<_>>()
+        .join(", ");
     if images.len() > NAMED {
-        named.push(format!("and {} more", images.len() - NAMED));
+        named.push_str(&format!(", and {} more", images.len() - NAMED));
     }
     let count = match images.len() {
         1 => "1 image was".to_string(),
@@ -90,12 +115,11 @@ fn budget_message(
         Fallback::Reject => "refused",
     };
     format!(
-        "lookup budget of {} ms spent: {} (the slowest {} ms); {count} not looked up or compared in time and {outcome} (onLookupError is {}): {}",
+        "lookup budget of {} ms: {count} not looked up or compared in time and {outcome} (onLookupError is {}): {named}; {} (the slowest {} ms)",
         report.limit_ms(),
+        action.as_str(),
         time_spent(report),
         report.slowest_ms(),
-        action.as_str(),
-        named.join(", ")
     )
 }
 
@@ -275,15 +299,19 @@ pub(super) fn check_outcome(
                     quote(asked)
                 ));
             }
-            (Presence::OverBudget, _) => {
+            (Presence::OverBudget(refusal), _) => {
                 unchecked += 1;
-                over_budget.push(format!("{container} image {}", quote(image)));
+                over_budget.push(format!(
+                    "{container} image {} ({})",
+                    quote(image),
+                    refusal.describe()
+                ));
             }
         }
     }
     if !over_budget.is_empty() {
         not_checked.push(format!(
-            "not checked in time, lookup budget of {} ms spent ({}): {}",
+            "not checked in time, within the lookup budget of {} ms ({}): {}",
             report.limit_ms(),
             time_spent(report),
             capped(over_budget, "containers").join(", ")
