@@ -56,12 +56,14 @@ fn a_hanging_mirror_holds_the_admission_for_its_first_lookup_and_no_other() {
         1,
         "the budget starts nothing after the hanging lookup"
     );
+    // The host's client ignores the ping that died and asks for the manifest on a new
+    // connection, which the registry holds as long: one lookup lasts two connections' lives.
     assert!(
-        took >= HOLD,
-        "the host call cannot be interrupted: {took:?}"
+        took >= 2 * HOLD,
+        "the host call cannot be interrupted, and outlives its failed ping: {took:?}"
     );
     assert!(
-        took < HOLD + Duration::from_millis(500),
+        took < 2 * HOLD + Duration::from_millis(500),
         "nothing after it: {took:?}"
     );
     assert_eq!(
@@ -72,8 +74,12 @@ fn a_hanging_mirror_holds_the_admission_for_its_first_lookup_and_no_other() {
         )
     );
     assert!(
-        response.warnings[1].starts_with("lookup budget of 800 ms spent: the evaluation had run 3")
-            && response.warnings[1].contains("2 images were not looked up"),
+        response.warnings[1].starts_with("lookup budget of 800 ms: 2 images were not looked up")
+            && response.warnings[1].contains(&format!(
+                "(the budget had run out before a lookup on {})",
+                hanging.host
+            ))
+            && response.warnings[1].contains("; the evaluation had run 6"),
         "{:?}",
         response.warnings
     );
@@ -110,7 +116,7 @@ fn behind_the_hosts_lookup_lock_an_admission_with_a_healthy_mirror_waits_too() {
     );
     assert!(stuck.accepted && stuck.mutated.is_none(), "{stuck:?}");
     assert!(
-        waited >= HOLD - Duration::from_millis(300),
+        waited >= 2 * HOLD - Duration::from_millis(300),
         "waited only {waited:?} for the lock"
     );
     assert!(

@@ -8,7 +8,7 @@ mod rig;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use rig::hosts::LiveHost;
+use rig::hosts::{HOST_CACHE, LiveHost, PolicyServer};
 use rig::images::Image;
 use rig::pull_through::TagFilledCache;
 use rig::registry::TestRegistry;
@@ -90,7 +90,8 @@ fn refused_credentials_name_the_registry_and_the_secret_and_a_renewed_secret_is_
     let digest = Image::new("app t2", "linux/amd64").push(&mirror, "up/library/app", Some("t2"));
     let mut secret = SecretVolume::new("creds");
     secret.write(&mirror.host, "policy-server", "token-1");
-    let host = shared(LiveHost {
+    // One policy-server process throughout: its 60-second cache of successful lookups included.
+    let server = PolicyServer::new(LiveHost {
         docker_config: Some(secret.path().to_path_buf()),
         ..LiveHost::default()
     });
@@ -99,17 +100,19 @@ fn refused_credentials_name_the_registry_and_the_secret_and_a_renewed_secret_is_
     let request = pod_request("CREATE", web("app:t2"));
     let swapped = format!("{target}/library/app:t2@{digest}");
 
-    let first = validate(&swap, &request, host.clone());
+    let first = validate(&swap, &request, server.evaluation());
     assert_eq!(
         first.image("containers", 0),
         Some(swapped.as_str()),
         "{first:?}"
     );
 
-    // The token expires: the registry accepts only a new one.
+    // Twelve hours later the token expires, and the registry accepts only a new one. (Within a
+    // minute of the first lookup the host would still answer from its cache.)
+    server.advance(HOST_CACHE);
     mirror.change_password("token-2").expect("new password");
-    host.lock().unwrap().backtrace = true;
-    let refused = validate(&swap, &request, host.clone());
+    server.host().backtrace = true;
+    let refused = validate(&swap, &request, server.evaluation());
     assert!(refused.accepted && refused.mutated.is_none(), "{refused:?}");
     let url = format!("http://{}/v2/up/library/app/manifests/t2", mirror.host);
     let explained = format!(
@@ -134,7 +137,7 @@ fn refused_credentials_name_the_registry_and_the_secret_and_a_renewed_secret_is_
         running["spec"].clone(),
         running["metadata"]["annotations"].clone(),
     );
-    let checked = validate(&settings(&target, "check"), &scan, host.clone());
+    let checked = validate(&settings(&target, "check"), &scan, server.evaluation());
     assert_eq!(
         (checked.accepted, checked.code),
         (false, Some(500)),
@@ -158,7 +161,7 @@ fn refused_credentials_name_the_registry_and_the_secret_and_a_renewed_secret_is_
 
     // The Secret is renewed; the same host process, the same module: swapped again.
     secret.write(&mirror.host, "policy-server", "token-2");
-    let renewed = validate(&swap, &request, host.clone());
+    let renewed = validate(&swap, &request, server.evaluation());
     assert_eq!(
         renewed.image("containers", 0),
         Some(swapped.as_str()),

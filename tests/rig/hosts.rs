@@ -36,6 +36,8 @@ pub struct Exchange {
     pub tag: String,
     pub image: String,
     pub answer: Result<String, String>,
+    /// What the answer took when recorded; replayed as a wait before it.
+    pub took: Duration,
 }
 
 impl Exchange {
@@ -219,8 +221,9 @@ impl LiveHost {
 
     /// The host's OCI client pings `/v2/` before its first request (oci-client's `auth`): a
     /// `WWW-Authenticate: Basic` challenge makes it send the docker config's credentials for
-    /// the registry with every request after, when it has any; otherwise it asks anonymously.
-    fn session(&self, host: &str, path: &str) -> Result<Session, String> {
+    /// the registry with every request after, when it has any; otherwise (no challenge, or no
+    /// answer at all) it asks anonymously.
+    fn session(&self, host: &str) -> Result<Session, String> {
         let (base, shown) = match self.aliases.get(host) {
             Some(address) => {
                 let named = if host == "docker.io" {
@@ -244,7 +247,11 @@ impl LiveHost {
                 let _ = response.into_string();
                 challenge
             }
-            Err(error) => return Err(self.error_text(&format!("{shown}{path}"), error)),
+            // A ping that fails is ignored: oci-client asks for the challenge in
+            // `get_auth_token` with `self._auth(..).await.ok()??` (0.16.1 `client.rs`), so a
+            // registry that drops or never answers the ping is asked for the manifest anyway,
+            // anonymously, on a new connection: a registry that hangs holds the lookup twice.
+            Err(_) => None,
         };
         let authorization = challenge
             .filter(|c| c.to_ascii_lowercase().starts_with("basic"))
@@ -329,7 +336,7 @@ impl LiveHost {
     fn open(&self, image: &str) -> Result<(Session, (String, String), String), String> {
         let (host, repository, reference) = locate(image)?;
         let path = format!("/v2/{repository}/manifests/{reference}");
-        let session = self.session(&host, &path)?;
+        let session = self.session(&host)?;
         let urls = session.urls(&path);
         Ok((session, urls, repository))
     }
@@ -423,6 +430,7 @@ impl Host for LiveHost {
             tag: tag.to_string(),
             image,
             answer: answer.clone(),
+            took: Duration::ZERO,
         });
         answer.map(String::into_bytes)
     }
@@ -432,6 +440,13 @@ impl Host for LiveHost {
 struct RecordedExchange {
     request: String,
     response: RecordedResponse,
+    /// How long the registry took to give this answer when it was recorded far away: the rig
+    /// waits as long before answering, so that the policy's budget sees a distant registry.
+    /// kwctl's session `Exchange` has no such field and ignores it (serde's default for
+    /// unknown fields; kwctl `src/callback_handler/proxy.rs`), so real kwctl replays the
+    /// same file at once.
+    #[serde(default, rename = "tookMilliseconds")]
+    took_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -481,6 +496,7 @@ impl ReplayHost {
                 tag: tag.to_string(),
                 image,
                 answer,
+                took: Duration::from_millis(exchange.took_ms),
             });
         }
         Ok(ReplayHost {
@@ -514,6 +530,7 @@ impl Host for ReplayHost {
         // Like kwctl, the entry is consumed before it is compared.
         match self.pending.pop_front() {
             Some(expected) if expected.tag == tag && expected.image == image => {
+                std::thread::sleep(expected.took);
                 match expected.answer {
                     Ok(payload) => Ok(payload.into_bytes()),
                     Err(message) if self.backtrace => Err(format!("{message}{BACKTRACE}")),
@@ -550,15 +567,50 @@ impl Host for InstantHost {
 }
 
 /// policy-evaluator's lock and cache around OCI lookups: each operation is wrapped in
-/// `#[cached(time = 60, result = true, sync_writes = ...)]`, which takes one process-wide lock
-/// before every call (cache hits included), holds it across an uncached lookup, and keeps
-/// successful answers for 60 seconds (failures never). Waiters are served first come, first
-/// served. Every evaluation's host shares one `LookupLock` and one inner host.
+/// `#[cached(time = 60, result = true, sync_writes = "default", ...)]` (v0.30.4,
+/// `src/callback_handler/oci.rs`), which takes a lock before every call (cache hits included),
+/// holds it across an uncached lookup, and keeps successful answers for 60 seconds, keyed by the
+/// exact image string (failures never). Waiters are served first come, first served. Every
+/// evaluation's host shares one `LookupLock` and one inner host.
+///
+/// The host has one lock per operation; the rig has one for all three, which is stricter (a
+/// `v1/oci_manifest` miss also holds up `v1/manifest_digest` calls). The tests that depend on the
+/// lock (`distance`, `prune_wave`, `hanging_registry`) make only `v1/manifest_digest` calls, where
+/// the two are the same.
+///
+/// The cache's clock is the real one plus what [`LookupLock::advance`] added, so that a test
+/// can show what the host answers a minute later without waiting a minute.
 #[derive(Default)]
 pub struct LookupLock {
     tickets: Mutex<(u64, u64)>,
     turn: Condvar,
-    answers: Mutex<BTreeMap<CacheKey, (std::time::Instant, Vec<u8>)>>,
+    answers: Mutex<BTreeMap<CacheKey, (Duration, Vec<u8>)>>,
+    clock: RigClock,
+}
+
+/// The real monotonic clock, which a test may move forward.
+pub struct RigClock {
+    origin: std::time::Instant,
+    skipped: Mutex<Duration>,
+}
+
+impl Default for RigClock {
+    fn default() -> Self {
+        RigClock {
+            origin: std::time::Instant::now(),
+            skipped: Mutex::new(Duration::ZERO),
+        }
+    }
+}
+
+impl RigClock {
+    pub fn now(&self) -> Duration {
+        self.origin.elapsed() + *self.skipped.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn advance(&self, by: Duration) {
+        *self.skipped.lock().unwrap_or_else(|e| e.into_inner()) += by;
+    }
 }
 
 /// An operation and its payload: policy-evaluator keys each operation's cache by the image.
@@ -568,6 +620,11 @@ type CacheKey = (String, Vec<u8>);
 pub const HOST_CACHE: Duration = Duration::from_secs(60);
 
 impl LookupLock {
+    /// Moves the cache's clock forward, as if `by` had passed.
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
     fn hold<T>(&self, work: impl FnOnce() -> T) -> T {
         let ticket = {
             let mut state = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
@@ -583,6 +640,40 @@ impl LookupLock {
         state.1 = ticket + 1;
         self.turn.notify_all();
         result
+    }
+}
+
+/// One policy-server process for tests that admit several Pods in a row: its lookup lock and
+/// 60-second cache over one host, and a fresh evaluation host for each admission.
+pub struct PolicyServer<H> {
+    pub lock: Arc<LookupLock>,
+    pub inner: Arc<Mutex<H>>,
+}
+
+impl<H: Host + Send + 'static> PolicyServer<H> {
+    pub fn new(inner: H) -> PolicyServer<H> {
+        PolicyServer {
+            lock: Arc::new(LookupLock::default()),
+            inner: Arc::new(Mutex::new(inner)),
+        }
+    }
+
+    /// The host one evaluation sees.
+    pub fn evaluation(&self) -> super::wapc::SharedHost {
+        Arc::new(Mutex::new(SerialisedHost {
+            lock: self.lock.clone(),
+            inner: self.inner.clone(),
+        }))
+    }
+
+    /// The host behind the cache: its record of the lookups that reached a registry.
+    pub fn host(&self) -> std::sync::MutexGuard<'_, H> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets `by` pass for the cache.
+    pub fn advance(&self, by: Duration) {
+        self.lock.advance(by);
     }
 }
 
@@ -615,7 +706,7 @@ impl<H: Host> Host for SerialisedHost<H> {
         self.lock.hold(|| {
             let mut answers = lock.answers.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((at, answer)) = answers.get(&key)
-                && at.elapsed() < HOST_CACHE
+                && lock.clock.now().saturating_sub(*at) < HOST_CACHE
             {
                 return Ok(answer.clone());
             }
@@ -624,7 +715,7 @@ impl<H: Host> Host for SerialisedHost<H> {
                 .unwrap_or_else(|e| e.into_inner())
                 .call(binding, namespace, operation, payload);
             if let Ok(bytes) = &answer {
-                answers.insert(key, (std::time::Instant::now(), bytes.clone()));
+                answers.insert(key, (lock.clock.now(), bytes.clone()));
             }
             answer
         })
