@@ -33,7 +33,11 @@ load helpers
   check_case already-swapped
 }
 
-@test "a Deployment is accepted unchanged" {
+@test "a custom kind whose object is Pod-shaped (spec.containers) is not a Pod: unchanged, no lookup" {
+  check_case pod-shaped-other-kind-unchanged
+}
+
+@test "a Deployment is accepted unchanged: its template is never touched (the kind check itself: the Pod-shaped custom kind)" {
   check_case deployment-unchanged
 }
 

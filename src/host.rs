@@ -95,6 +95,9 @@ const TEXT_MAX: usize = 300;
 ///   error 111)`).
 pub fn read_host_error(text: &str, image: &str) -> LookupError {
     let text = strip_prefixes(text);
+    if text.trim().is_empty() {
+        return LookupError::Failed("policy-server's host call failed with no text".to_string());
+    }
     if let Some(capability) = denied_capability(text) {
         return LookupError::Failed(format!(
             "policy-server did not grant this policy the host capability {capability:?}: grant it in PolicyServer spec.namespacedPoliciesCapabilities (a namespaced AdmissionPolicy), or in the policy's hostCapabilities in policies.yml (a policy-server run by hand); cluster-wide policies are granted every capability"
@@ -325,7 +328,10 @@ impl Registry for KubewardenHost {
 fn lookup_error(error: Error, image: &str) -> LookupError {
     match error {
         Error::HostCall { source, .. } => read_host_error(&source.to_string(), image),
-        other => LookupError::Failed(one_line(&other.to_string())),
+        other => LookupError::Failed(format!(
+            "policy-server's answer could not be read: {}",
+            one_line(&other.to_string())
+        )),
     }
 }
 

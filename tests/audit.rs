@@ -404,3 +404,70 @@ fn a_scan_of_100_pods_against_the_check_role_and_how_many_fit_the_scanners_timeo
         SCAN as f64 * 60.0 / scan.as_secs_f64()
     );
 }
+
+/// A static Pod's mirror Pod (`kubernetes.io/config.mirror`): the swapping policy leaves it
+/// alone, but its node pulls the image the manifest names, so the check role asks for it like
+/// any other and reports it when the mirror lost it.
+#[test]
+fn the_check_role_checks_a_static_pods_mirror_pod() {
+    let (mirror, digest) = mirror_with_nginx("audit-static");
+    let pinned = format!("{}/hub/library/nginx:1.27@{digest}", mirror.host);
+    let annotations = json!({"kubernetes.io/config.mirror": "3f7c1c5a6f0c4f27b2d1e0a9c8b7a6f5"});
+    let request = audit_request(11, web(&pinned), annotations);
+    let (present, lookups) = run(&check_settings(&mirror.host), &request);
+    assert!(present.accepted, "{present:?}");
+    assert_eq!(lookups.len(), 1, "{lookups:?}");
+    mirror
+        .delete_manifest("hub/library/nginx", &digest)
+        .expect("prune");
+    let (gone, _) = run(&check_settings(&mirror.host), &request);
+    assert_eq!((gone.accepted, gone.code), (false, None), "{gone:?}");
+    assert!(
+        gone.message.as_deref().is_some_and(|m| m.starts_with(&format!(
+            "a mirror image the Pod runs is gone from the mirror: containers \"web\": image \"{pinned}\" is gone from the mirror"
+        ))),
+        "{gone:?}"
+    );
+}
+
+/// With `checkAdmissions` (protect mode), an UPDATE is checked for the containers whose image
+/// changed only: an unchanged container is already running, and refusing the update for it
+/// would block every label change of a Pod whose image was pruned.
+#[test]
+fn on_update_the_check_role_asks_only_for_changed_images() {
+    let (mirror, digest) = mirror_with_nginx("audit-update");
+    let present = format!("{}/hub/library/nginx:1.27@{digest}", mirror.host);
+    let pruned = format!("{}/hub/library/nginx:0.9", mirror.host);
+    let mut settings = check_settings(&mirror.host);
+    settings["checkAdmissions"] = json!(true);
+    let update = |old: &[&str], new: &[&str]| {
+        let containers = |images: &[&str]| -> Value {
+            json!({"containers": images.iter().enumerate()
+                .map(|(i, image)| json!({"name": format!("c{i}"), "image": image}))
+                .collect::<Vec<_>>()})
+        };
+        let mut request = pod_request("UPDATE", containers(new));
+        request["oldObject"] = request["object"].clone();
+        request["oldObject"]["spec"] = containers(old);
+        run(&settings, &request)
+    };
+    // A label change of a Pod whose second image is gone: nothing changed, nothing asked.
+    let (labels, lookups) = update(&[&present, &pruned], &[&present, &pruned]);
+    assert!(labels.accepted, "{labels:?}");
+    assert!(lookups.is_empty(), "{lookups:?}");
+    // The first container's image set to the gone one: that one is asked for, and refused.
+    let (changed, lookups) = update(&[&present, &pruned], &[&pruned, &pruned]);
+    assert_eq!(lookups, [format!("OciManifestDigest {pruned}")]);
+    assert_eq!(
+        (changed.accepted, changed.code),
+        (false, None),
+        "{changed:?}"
+    );
+    assert!(
+        changed
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("containers \"c0\": image") && !m.contains("\"c1\"")),
+        "{changed:?}"
+    );
+}

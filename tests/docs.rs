@@ -173,3 +173,57 @@ fn the_readmes_sample_output_is_what_make_run_prints() {
     let printed = String::from_utf8_lossy(&output.stdout);
     assert_eq!(without_timings(sample), without_timings(&printed));
 }
+
+/// The settings of every example in the README and docs/: a bare settings block (a mapping with
+/// `mirrors` or `defaultMirror`), or the `spec.settings` of a ClusterAdmissionPolicy or
+/// AdmissionPolicy. Each with where it is, for the failure message.
+fn settings_examples() -> Vec<(String, serde_json::Value)> {
+    let mut examples = Vec::new();
+    for page in pages() {
+        let text = read(&page);
+        let name = page.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```yaml\n") {
+            let line = text.len() - rest.len() + start;
+            let line = text[..line].lines().count() + 1;
+            let body = &rest[start + "```yaml\n".len()..];
+            let end = body.find("```").unwrap_or(body.len());
+            for document in serde_yaml::Deserializer::from_str(&body[..end]) {
+                let value: serde_json::Value = match serde::Deserialize::deserialize(document) {
+                    Ok(value) => value,
+                    Err(e) => panic!("{name}:{line}: the YAML does not parse: {e}"),
+                };
+                let kind = value["kind"].as_str().unwrap_or_default();
+                // RKE2's registries.yaml, shown beside the policy's own: `mirrors` by host.
+                let rke2 = value["mirrors"]
+                    .as_object()
+                    .is_some_and(|hosts| hosts.values().all(|h| h.get("endpoint").is_some()));
+                let settings = if kind == "ClusterAdmissionPolicy" || kind == "AdmissionPolicy" {
+                    value["spec"]["settings"].clone()
+                } else if !rke2
+                    && (value.get("mirrors").is_some() || value.get("defaultMirror").is_some())
+                {
+                    value
+                } else {
+                    continue;
+                };
+                examples.push((format!("{name}:{line}"), settings));
+            }
+            rest = &body[end..];
+            rest = rest.get(3..).unwrap_or_default();
+        }
+    }
+    examples
+}
+
+/// Every settings example an operator may copy is valid settings for the built module, so that
+/// a page never teaches a typo that would disable swapping.
+#[test]
+fn every_settings_example_is_valid() {
+    let examples = settings_examples();
+    assert!(examples.len() >= 10, "{} examples found", examples.len());
+    for (place, settings) in examples {
+        let (valid, message) = rig::validate_settings(&settings);
+        assert!(valid, "{place}: {message:?}\n{settings:#}");
+    }
+}

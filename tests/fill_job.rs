@@ -334,3 +334,62 @@ fn tempdir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }
+
+/// A finding and an image that could not be checked, in one Pod: the report's `fail` (not
+/// `error`, which the fill job skips), whose message names both, the finding first; the fill
+/// job copies the finding's image and nothing for the other.
+#[test]
+fn a_finding_beside_an_unchecked_image_is_a_fail_whose_copy_the_fill_job_makes() {
+    let cluster = Cluster::start("fill-mixed");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    Image::new("web 4", "linux/amd64").push(source, "web", Some("4"));
+    // A second rule to a mirror that refuses connections: its image cannot be checked.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let down = closed.local_addr().expect("address").to_string();
+    drop(closed);
+    let mut settings = cluster.settings("check");
+    settings["mirrors"]
+        .as_array_mut()
+        .expect("mirrors")
+        .push(json!({"source": "quay.io", "target": format!("{down}/quay")}));
+    let spec = json!({"containers": [
+        {"name": "web", "image": cluster.source_image("web:4")},
+        {"name": "sidecar", "image": "quay.io/team/sidecar:1"},
+    ]});
+    let response = validate(
+        &settings,
+        &audit_request(7, spec, json!({})),
+        shared(LiveHost::default()),
+    );
+    assert_eq!(
+        (response.accepted, response.code),
+        (false, None),
+        "{response:?}"
+    );
+    let message = response.message.clone().unwrap_or_default();
+    let head = format!(
+        "a source image the Pod runs is not in the mirror: containers \"web\": image \"{}\" is not in the mirror",
+        cluster.source_image("web:4")
+    );
+    let also = format!(
+        "; also containers \"sidecar\": image \"quay.io/team/sidecar:1\" not checked: could not ask the mirror for \"{down}/quay/team/sidecar:1\" (error sending request for url (http://{down}/v2/quay/team/sidecar/manifests/1): Connection refused (os error 111))"
+    );
+    assert!(
+        message.starts_with(&head) && message.ends_with(&also),
+        "{message}"
+    );
+
+    let dir = tempdir("fill-mixed");
+    let reports = write(
+        &dir,
+        "reports.json",
+        &list(vec![report("Report", 7, vec![result(POLICY, &response)])]),
+    );
+    let (ok, printed) = fill(&[&reports], &["--list"]);
+    assert!(ok, "{printed}");
+    assert_eq!(
+        printed.trim(),
+        format!("{}/web:4 {}/hub/web:4", source.host, mirror.host),
+        "one copy, the finding's"
+    );
+}

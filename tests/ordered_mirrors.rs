@@ -188,12 +188,15 @@ fn with_verify_source_a_stale_first_mirror_gives_way_to_the_second() {
     assert!(response.warnings.is_empty(), "{:?}", response.warnings);
 }
 
+/// `defaultMirror` would route the image (it routes whatever no rule matches, and its host is not
+/// the second mirror's): only "already under a target" leaves it alone, with no lookup.
 #[test]
 fn an_image_already_under_the_second_mirror_is_left_alone() {
     let m = Mirrors::start("already");
     let digest = nginx().push(&m.second, REPOSITORY, Some("1.27"));
     let image = format!("{}@{digest}", m.tag(&m.second));
-    let (response, lookups) = m.admit(json!({}), &image);
+    let default_mirror = json!({"defaultMirror": {"registry": format!("{}/cache", m.first.host)}});
+    let (response, lookups) = m.admit(default_mirror, &image);
     assert!(
         response.accepted && response.mutated.is_none(),
         "{response:?}"

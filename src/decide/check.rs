@@ -147,6 +147,10 @@ pub fn check_source(image: &SourceImage, registry: &mut impl Registry) -> Presen
         match check(target, registry) {
             Presence::Present => return Presence::Present,
             Presence::Gone(answer) => gone.push((target, answer)),
+            // The message names the first target it asked; a reason from another says which.
+            Presence::NotChecked(why) if image.targets.len() == 1 => {
+                failed.get_or_insert(why);
+            }
             Presence::NotChecked(why) => {
                 failed.get_or_insert(format!("{}: {why}", quote(&target.lookup)));
             }
