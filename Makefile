@@ -72,7 +72,8 @@ fuzz:
 	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --sanitizer none $$target -- \
 	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 > $$target.log 2>&1 \
 	    || { tail -n 60 $$target.log; exit 1; }; \
-	  grep -E '^(#[0-9]+ +DONE|Done )' $$target.log; \
+	  grep -E '^(#[0-9]+ +DONE|Done )' $$target.log \
+	    || { echo "fuzz: $$target did not run to the end (fuzz/$$target.log)"; exit 1; }; \
 	done
 
 check-kwctl:

@@ -176,9 +176,34 @@ fn main() -> ExitCode {
         replay.lock().unwrap().calls.clone()
     };
     println!("lookups:  {}", lookups.len());
-    for lookup in lookups {
+    for lookup in &lookups {
         println!("  {lookup}");
     }
     drop(registry);
+    // Every lookup failing is the host, not the policy: a registry that did not start, a
+    // session that does not match the request. Say so, and fail, rather than show a Pod kept.
+    let answered = if options.live {
+        live.lock()
+            .unwrap()
+            .exchanges
+            .iter()
+            .filter(|e| e.answer.is_ok())
+            .count()
+    } else {
+        let replay = replay.lock().unwrap();
+        if replay.unexpected > 0 {
+            eprintln!(
+                "error: {} lookups were not in {}",
+                replay.unexpected,
+                shown(&options.session)
+            );
+            return ExitCode::FAILURE;
+        }
+        lookups.len()
+    };
+    if !lookups.is_empty() && answered == 0 {
+        eprintln!("error: every lookup failed: the host, not the policy, is at fault");
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
 }

@@ -3,8 +3,12 @@
 server's own OpenAPI schemas for that version, strictly (an unknown or misspelt field is an
 error), with kubernetes-validate (PyPI). A manifest is a fenced ```yaml block whose documents
 have apiVersion and kind. Kubewarden's own kinds (PolicyServer, ClusterAdmissionPolicy,
-AdmissionPolicy) are checked for their apiVersion and the fields this project writes, since their
-CRD schemas are not in kubernetes-validate.
+AdmissionPolicy, ...) are checked against the `openAPIV3Schema` of their CRDs
+(scripts/kubewarden-crds/, kubewarden-controller v1.35.0) with jsonschema, as strictly: required
+fields, enums and types, and no field the schema does not name (unless it preserves unknown
+fields, as `spec.settings` does). An object given again under the same kind and name must be
+given whole (every spec field of its first appearance): `kubectl apply` of a partial copy would
+drop the rest. No manifest at all is an error too: the check would prove nothing.
 
 Usage: scripts/check-manifests.py [--kubernetes-version 1.31.0] [FILE...]
 """
@@ -14,25 +18,46 @@ import pathlib
 import re
 import sys
 
+import jsonschema
 import kubernetes_validate
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-KUBEWARDEN = {
-    "PolicyServer": {
-        "spec": {"image", "replicas", "imagePullSecret", "insecureSources", "sourceAuthorities",
-                 "env", "annotations", "verificationConfig", "securityContexts", "affinity",
-                 "limits", "requests", "minAvailable", "maxUnavailable", "priorityClassName",
-                 "serviceAccountName", "tolerations", "namespacedPoliciesCapabilities"},
-    },
-    "ClusterAdmissionPolicy": {
-        "spec": {"policyServer", "module", "mutating", "backgroundAudit", "mode", "rules",
-                 "settings", "timeoutSeconds", "timeoutEvalSeconds", "failurePolicy",
-                 "namespaceSelector", "objectSelector", "matchPolicy", "sideEffects",
-                 "contextAwareResources", "message", "matchConditions"},
-    },
-}
-KUBEWARDEN["AdmissionPolicy"] = KUBEWARDEN["ClusterAdmissionPolicy"]
+CRDS = ROOT / "scripts" / "kubewarden-crds"
+
+
+def strict(schema):
+    """The CRD's structural schema as JSON Schema that refuses fields it does not name, as the
+    API server's pruning and strict field validation (kubectl's default) do."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if ("properties" in schema and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+def crd_schemas():
+    """(apiVersion, kind) -> the strict schema of that served version."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                if version.get("served"):
+                    schema = strict(version["schema"]["openAPIV3Schema"])
+                    # metadata is the API server's ObjectMeta, which the CRD leaves undescribed.
+                    schema.setdefault("properties", {})["metadata"] = {"type": "object"}
+                    schemas[(f"{group}/{version['name']}", kind)] = schema
+    return schemas
+
+
+KUBEWARDEN = crd_schemas()
 
 
 def manifests(path):
@@ -50,11 +75,12 @@ def manifests(path):
 
 
 def check_kubewarden(document):
-    kind = document["kind"]
-    if document["apiVersion"] != "policies.kubewarden.io/v1":
-        return [f"apiVersion {document['apiVersion']!r} is not policies.kubewarden.io/v1"]
-    unknown = set(document.get("spec", {})) - KUBEWARDEN[kind]["spec"]
-    return [f"unknown spec field {field!r}" for field in sorted(unknown)]
+    schema = KUBEWARDEN.get((document["apiVersion"], document["kind"]))
+    if schema is None:
+        return [f"apiVersion {document['apiVersion']!r} serves no {document['kind']}"]
+    validator = jsonschema.Draft7Validator(schema)
+    return [f"{'.'.join(map(str, error.path)) or '(top)'}: {error.message}"
+            for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path))]
 
 
 def main():
@@ -64,10 +90,23 @@ def main():
     args = parser.parse_args()
     files = args.files or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     checked = failed = 0
+    given = {}  # (kind, namespace, name) -> (where, the spec's fields) as first given
     for path in files:
         for where, document, problem in manifests(path):
             errors = [problem] if problem else []
-            if document is not None and document["kind"] in KUBEWARDEN:
+            if document is not None and isinstance(document.get("spec"), dict):
+                metadata = document.get("metadata", {})
+                key = (document["kind"], metadata.get("namespace"), metadata.get("name"))
+                if key in given:
+                    first, fields = given[key]
+                    missing = sorted(fields - set(document["spec"]))
+                    if missing:
+                        errors.append(f"re-applies the object given at {first} without "
+                                      f"spec fields {missing}: applied, it would drop them; "
+                                      "give it whole")
+                else:
+                    given[key] = (where, set(document["spec"]))
+            if document is not None and document["apiVersion"].startswith("policies.kubewarden.io/"):
                 errors += check_kubewarden(document)
             elif document is not None:
                 try:
@@ -80,8 +119,13 @@ def main():
             for error in errors:
                 failed += 1
                 print(f"{where}: {error}")
-    print(f"check-manifests: {checked} manifests checked against Kubernetes "
-          f"{args.kubernetes_version}, {failed} errors")
+    kubewarden = sum(1 for path in files for _, d, _ in manifests(path)
+                     if d is not None and d["apiVersion"].startswith("policies.kubewarden.io/"))
+    print(f"check-manifests: {checked} manifests checked ({kubewarden} of Kubewarden's kinds, "
+          f"against its CRDs) against Kubernetes {args.kubernetes_version}, {failed} errors")
+    if checked == 0:
+        print("check-manifests: no manifest found: nothing was checked", file=sys.stderr)
+        return 1
     return 1 if failed else 0
 
 

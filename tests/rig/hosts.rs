@@ -469,6 +469,8 @@ enum RecordedRequest {
 pub struct ReplayHost {
     pending: VecDeque<Exchange>,
     pub calls: Vec<String>,
+    /// Calls that were not the next recorded one (kwctl's "Replay error: unexpected request").
+    pub unexpected: usize,
     /// kwctl under `RUST_BACKTRACE=1` appends a backtrace to the replayed error texts.
     pub backtrace: bool,
 }
@@ -502,6 +504,7 @@ impl ReplayHost {
         Ok(ReplayHost {
             pending,
             calls: Vec::new(),
+            unexpected: 0,
             backtrace: false,
         })
     }
@@ -527,7 +530,10 @@ impl Host for ReplayHost {
         let image = parse_image_payload(payload)?;
         let tag = session_tag(operation).unwrap_or("unknown");
         self.calls.push(format!("{tag} {image}"));
-        // Like kwctl, the entry is consumed before it is compared.
+        // Like kwctl, the entry is consumed before it is compared; the texts are kwctl's
+        // (`produce_recorded_response`, kwctl `src/callback_handler/proxy.rs`, v1.35.0), where
+        // the requests print as policy-evaluator's `CallbackRequestType` derives `Debug`.
+        let asked = format!("{tag} {{ image: {image:?} }}");
         match self.pending.pop_front() {
             Some(expected) if expected.tag == tag && expected.image == image => {
                 std::thread::sleep(expected.took);
@@ -537,7 +543,17 @@ impl Host for ReplayHost {
                     Err(message) => Err(message),
                 }
             }
-            _ => Err(format!("Replay error: unexpected request {tag} {image}")),
+            Some(expected) => {
+                self.unexpected += 1;
+                Err(format!(
+                    "Replay error: unexpected request. Was expecting {} {{ image: {:?} }}, got {asked} instead",
+                    expected.tag, expected.image
+                ))
+            }
+            None => {
+                self.unexpected += 1;
+                Err("the list of recorded responses is empty".to_string())
+            }
         }
     }
 }
