@@ -9,13 +9,16 @@
 //! 5. `report`: warnings, the rejection message, audit annotations.
 //!
 //! The check role (`action: check`) runs steps 1, 2 (`checks`: one lookup per mirror image,
-//! within the same budget) and 5, and changes nothing. The swapping role answers the audit
+//! within the same budget) and 5 (`check_report`), and changes nothing. `copies` writes the
+//! copies both roles suggest, in the one form the fill job reads. The swapping role answers the audit
 //! scanner's replay of a running Pod unchanged, without a lookup.
 //!
 //! `object` reads and writes the Pod, which stays JSON.
 
 mod candidates;
+mod check_report;
 mod checks;
+mod copies;
 mod decisions;
 mod look_once;
 mod object;
@@ -36,13 +39,14 @@ use crate::policy::{Action, Policy};
 use crate::registry::Registry;
 
 use candidates::{CONTAINER_LISTS, Candidate, EPHEMERAL_LIST, candidates};
+use check_report::check_outcome;
 use checks::check_all;
 use decisions::decide_all;
 use object::{annotation, container_mut};
 use pull_secrets::{add_pull_secrets, pull_secret_names};
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};
-use report::{audit_annotations, capped, check_outcome, messages};
+use report::{audit_annotations, capped, messages};
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
 /// this API object, so changing its images would only misreport what runs.

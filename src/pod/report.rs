@@ -1,22 +1,18 @@
-//! The last step of an admission: what it tells people. Warnings and rejection messages for
-//! kubectl, audit annotations for the API server's audit log; for the check role, the whole
-//! answer, whose message becomes the audit scanner's report.
+//! The last step of an admission of the swapping role: what it tells people. Warnings and
+//! rejection messages for kubectl, audit annotations for the API server's audit log. The check
+//! role's answer is `check_report`.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
 use crate::budget::BudgetReport;
-use crate::decide::check::{CheckedImage, MirrorImage, Presence, SourceImage};
 use crate::decide::{Note, Reason};
 use crate::policy::{Fallback, Policy};
-use crate::reference::Reference;
 use crate::registry::Refusal;
 use crate::text::{quote, truncated};
 
-use super::candidates::Candidate;
-use super::checks::Checked;
-use super::{Outcome, Verdict, Verdicts};
+use super::Verdicts;
 
 /// The warnings and the rejection reasons, one per distinct image, except that the images the
 /// budget left unlooked-up share one message that names the budget.
@@ -125,7 +121,7 @@ fn budget_message(images: &[BudgetImage<'_>], action: Fallback, report: &BudgetR
 
 /// "the evaluation had run 612 ms, 605 ms of it in 3 lookups": what the budget counts (the whole
 /// evaluation, as policy-server's timeout does) and the lookups' part of it.
-fn time_spent(report: &BudgetReport) -> String {
+pub(super) fn time_spent(report: &BudgetReport) -> String {
     let lookups = match report.lookups {
         1 => "1 lookup".to_string(),
         n => format!("{n} lookups"),
@@ -236,224 +232,4 @@ pub(super) fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
         items.push(format!("… and {more} more {what}"));
     }
     items
-}
-
-/// The check role's answer: accepted when every mirror image is there and every source image
-/// is in a mirror; rejected when any mirror image is gone or any source image is in none of its
-/// mirrors (findings: the report's `fail`), with one entry per container under a head of its
-/// own kind; rejected with code 500 when nothing was found but some image could not be checked
-/// (the report's `error`: nothing is known). A Pod with findings and unchecked images is a
-/// finding, and its message names both.
-pub(super) fn check_outcome(
-    checked: &[Checked],
-    candidates: &[Candidate<'_>],
-    originals: &BTreeMap<String, String>,
-    policy: &Policy,
-    report: &BudgetReport,
-) -> Outcome {
-    if checked.is_empty() {
-        return Outcome::unchanged();
-    }
-    let mut gone = Vec::new();
-    let mut unmirrored = Vec::new();
-    let mut not_checked = Vec::new();
-    let mut over_budget = Vec::new();
-    // Containers, for the audit figures; `not_checked` holds messages, one for all the budget's.
-    let mut unchecked = 0;
-    for entry in checked {
-        let Some(candidate) = candidates.get(entry.candidate) else {
-            continue;
-        };
-        let image = candidate.image;
-        let container = format!("{} {}", candidate.list, quote(candidate.name));
-        let asked = entry.image.first_lookup();
-        match (&entry.presence, &entry.image) {
-            (Presence::Present, _) => {}
-            (Presence::Gone(answer), CheckedImage::Mirror(mirror)) => {
-                let original = originals
-                    .get(candidate.name)
-                    .filter(|original| policy.router.is_swap_of(original, image));
-                gone.push(format!(
-                    "{container}: image {} is gone from the mirror (asked for {}, it answered: {answer}); {}",
-                    quote(image),
-                    quote(asked),
-                    what_to_do(original.map(String::as_str), mirror)
-                ));
-            }
-            (Presence::Gone(answer), CheckedImage::Source(source)) => {
-                let asked = match &source.targets[..] {
-                    [_] => format!("asked for {}, it answered: {answer}", quote(asked)),
-                    _ => format!("asked each of its mirrors: {answer}"),
-                };
-                unmirrored.push(format!(
-                    "{container}: image {} is not in the mirror ({asked}); fill the mirror ({}), and the next Pods that name it are swapped",
-                    quote(image),
-                    fill_command(source)
-                ));
-            }
-            (Presence::NotChecked(why), _) => {
-                unchecked += 1;
-                not_checked.push(format!(
-                    "{container}: image {} not checked: could not ask the mirror for {} ({why})",
-                    quote(image),
-                    quote(asked)
-                ));
-            }
-            (Presence::OverBudget(refusal), _) => {
-                unchecked += 1;
-                over_budget.push(format!(
-                    "{container} image {} ({})",
-                    quote(image),
-                    refusal.describe()
-                ));
-            }
-        }
-    }
-    if !over_budget.is_empty() {
-        not_checked.push(format!(
-            "not checked in time, within the lookup budget of {} ms ({}): {}",
-            report.limit_ms(),
-            time_spent(report),
-            capped(over_budget, "containers").join(", ")
-        ));
-    }
-    let audit = check_audit(
-        checked.len(),
-        (gone.len(), unmirrored.len()),
-        unchecked,
-        report,
-    );
-    let findings: Vec<String> = [
-        under_head(
-            gone,
-            "a mirror image the Pod runs is gone from the mirror",
-            "mirror images the Pod runs are gone from the mirror",
-        ),
-        under_head(
-            unmirrored,
-            "a source image the Pod runs is not in the mirror",
-            "source images the Pod runs are not in the mirror",
-        ),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let verdict = match (findings.is_empty(), not_checked.is_empty()) {
-        (true, true) => Verdict::Accept,
-        (true, false) => Verdict::Error(format!(
-            "the Pod's mirror images could not all be checked: {}",
-            capped(not_checked, "containers").join("; ")
-        )),
-        (false, _) => {
-            let mut message = findings.join("; and ");
-            if !not_checked.is_empty() {
-                message.push_str("; also ");
-                message.push_str(&capped(not_checked, "containers").join("; "));
-            }
-            Verdict::Reject(message)
-        }
-    };
-    Outcome {
-        verdict,
-        warnings: Vec::new(),
-        audit,
-    }
-}
-
-/// One kind of finding, under the head that names it (singular, or plural with the count), so
-/// that reports can be filtered by kind; `None` when there is none of that kind.
-fn under_head(entries: Vec<String>, one: &str, several: &str) -> Option<String> {
-    let head = match entries.len() {
-        0 => return None,
-        1 => one.to_string(),
-        n => format!("{n} {several}"),
-    };
-    Some(format!(
-        "{head}: {}",
-        capped(entries, "containers").join("; ")
-    ))
-}
-
-/// What the operator can do about a mirror image that is gone: put it back (when the Pod's
-/// record names the image it was swapped from, which the message names), or roll the workload
-/// out so that its new Pods are decided afresh (the swapping policy then keeps the source
-/// image, or swaps to what the mirror holds now).
-fn what_to_do(original: Option<&str>, image: &MirrorImage) -> String {
-    const ROLL_OUT: &str = "roll the workload out so that its new Pods are decided afresh";
-    let Some((original, refill)) =
-        original.and_then(|original| Some((original, refill_command(original, image)?)))
-    else {
-        return format!("{ROLL_OUT}, or refill the mirror from the image's source");
-    };
-    format!(
-        "it was swapped from {}: refill the mirror ({refill}) or {ROLL_OUT}",
-        quote(original)
-    )
-}
-
-/// The copy that puts a gone mirror image back, safe to run unread: exactly what the kubelet
-/// pulls, and never a mirror tag moved to other content. A pinned image copies its digest from
-/// the source (which a copy with preserved digests shares) to a tag of its own
-/// (`sha256-<hex>`): the tag beside the digest may name newer content in the mirror now, and a
-/// tag keeps "delete untagged" rules off the copy. An image by tag copies the source's tag to
-/// the mirror's, which the mirror just said it lacks.
-fn refill_command(original: &str, image: &MirrorImage) -> Option<String> {
-    let original = Reference::parse(original).ok()?;
-    let source = match (image.digest(), original.tag()) {
-        (Some(digest), _) => format!("{}@{digest}", original.name()),
-        (None, Some(tag)) => format!("{}:{tag}", original.name()),
-        (None, None) => original.as_str().to_string(),
-    };
-    let destination = match image.digest() {
-        Some(digest) => own_tag(image.repository(), digest),
-        None => image.lookup.clone(),
-    };
-    Some(copy_command(&source, &destination))
-}
-
-/// The copy that fills the first target with a source image no target holds: by digest to a
-/// tag of its own, or by tag to the same tag (which every target just said it lacks).
-fn fill_command(source: &SourceImage) -> String {
-    let Some(first) = source.targets.first() else {
-        return String::new();
-    };
-    let destination = match first.digest() {
-        Some(digest) => own_tag(first.repository(), digest),
-        None => first.lookup.clone(),
-    };
-    copy_command(&source.source, &destination)
-}
-
-/// `repository:sha256-<hex>`: the tag a copy by digest is pushed to.
-fn own_tag(repository: &str, digest: &str) -> String {
-    format!("{repository}:{}", digest.replacen(':', "-", 1))
-}
-
-/// The form the fill job finds in a report's message, and a person can run as it is:
-/// `skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION`, both references
-/// in the reference grammar's characters only, so the copy ends at the first other character.
-pub const COPY_COMMAND: &str = "skopeo copy --all --preserve-digests";
-
-fn copy_command(source: &str, destination: &str) -> String {
-    format!("{COPY_COMMAND} docker://{source} docker://{destination}")
-}
-
-/// The check's figures for the API server's audit log.
-fn check_audit(
-    checked: usize,
-    (gone, unmirrored): (usize, usize),
-    not_checked: usize,
-    report: &BudgetReport,
-) -> BTreeMap<String, String> {
-    let summary = json!({
-        "checked": checked,
-        "gone": gone,
-        "unmirrored": unmirrored,
-        "notChecked": not_checked,
-        "lookups": report.lookups,
-        "lookupMilliseconds": report.lookup_ms(),
-        "evaluationMilliseconds": report.elapsed_ms(),
-        "budgetMilliseconds": report.limit_ms(),
-    });
-    BTreeMap::from([("check".to_string(), summary.to_string())])
 }

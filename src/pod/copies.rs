@@ -1,0 +1,53 @@
+//! The copies the policy suggests, in the one form the fill job reads (`COPY_COMMAND`): each safe
+//! to run unread, copying exactly what a Pod needs and never moving a mirror tag to other
+//! content.
+
+use crate::decide::check::{MirrorImage, SourceImage};
+use crate::reference::Reference;
+
+/// The copy that puts a gone mirror image back, safe to run unread: exactly what the kubelet
+/// pulls, and never a mirror tag moved to other content. A pinned image copies its digest from
+/// the source (which a copy with preserved digests shares) to a tag of its own
+/// (`sha256-<hex>`): the tag beside the digest may name newer content in the mirror now, and a
+/// tag keeps "delete untagged" rules off the copy. An image by tag copies the source's tag to
+/// the mirror's, which the mirror just said it lacks.
+pub(super) fn refill_command(original: &str, image: &MirrorImage) -> Option<String> {
+    let original = Reference::parse(original).ok()?;
+    let source = match (image.digest(), original.tag()) {
+        (Some(digest), _) => format!("{}@{digest}", original.name()),
+        (None, Some(tag)) => format!("{}:{tag}", original.name()),
+        (None, None) => original.as_str().to_string(),
+    };
+    let destination = match image.digest() {
+        Some(digest) => own_tag(image.repository(), digest),
+        None => image.lookup.clone(),
+    };
+    Some(copy_command(&source, &destination))
+}
+
+/// The copy that fills the first target with a source image no target holds: by digest to a
+/// tag of its own, or by tag to the same tag (which every target just said it lacks).
+pub(super) fn fill_command(source: &SourceImage) -> String {
+    let Some(first) = source.targets.first() else {
+        return String::new();
+    };
+    let destination = match first.digest() {
+        Some(digest) => own_tag(first.repository(), digest),
+        None => first.lookup.clone(),
+    };
+    copy_command(&source.source, &destination)
+}
+
+/// `repository:sha256-<hex>`: the tag a copy by digest is pushed to.
+fn own_tag(repository: &str, digest: &str) -> String {
+    format!("{repository}:{}", digest.replacen(':', "-", 1))
+}
+
+/// The form the fill job finds in a report's message, and a person can run as it is:
+/// `skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION`, both references
+/// in the reference grammar's characters only, so the copy ends at the first other character.
+pub const COPY_COMMAND: &str = "skopeo copy --all --preserve-digests";
+
+fn copy_command(source: &str, destination: &str) -> String {
+    format!("{COPY_COMMAND} docker://{source} docker://{destination}")
+}
