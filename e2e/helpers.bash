@@ -33,8 +33,12 @@ check_case() {
   [ "$(jq -r .allowed <<<"$output")" == "$(jq -r .allowed "$expect")" ]
 
   if [[ $(jq -r '.patch == null' "$expect") == true ]]; then
-    # No patch at all: nothing changes when the policy has nothing to change.
-    ! jq -er .patch <<<"$output"
+    # No patch at all: nothing changes when the policy has nothing to change. (Not `! jq ...`:
+    # bash's errexit ignores a negated command, so in bats it could never fail.)
+    if jq -er .patch <<<"$output" >/dev/null; then
+      echo "unexpected patch: $(jq -r '.patch | @base64d' <<<"$output")"
+      return 1
+    fi
   else
     local path
     for path in $(jq -r '.patch | keys[]' "$expect"); do
@@ -45,6 +49,13 @@ check_case() {
       [ "$got" == "$want" ]
     done
   fi
+
+  # The record of unmirrored images is added exactly when the case expects it.
+  local labelled
+  labelled=$(jq '.patch["/metadata/labels"]["image-swapper.kubewarden.io/unmirrored"] != null' "$expect")
+  [ "$(jq '[.patch // empty | @base64d | fromjson | .[]
+      | select(.op != "remove" and ((.path == "/metadata/labels" and (.value | has("image-swapper.kubewarden.io/unmirrored")))
+          or .path == "/metadata/labels/image-swapper.kubewarden.io~1unmirrored"))] | length > 0' <<<"$output")" == "$labelled" ]
 
   local warning message
   warning=$(jq -r '.warning // empty' "$expect")

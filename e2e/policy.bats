@@ -9,7 +9,7 @@ load helpers
   check_case swap-pinned
 }
 
-@test "mirror lacks the image: keeps the original and warns" {
+@test "mirror lacks the image: keeps the original, warns, and records it with the copy that fills it" {
   check_case mirror-missing-kept
 }
 

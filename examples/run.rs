@@ -155,12 +155,11 @@ fn main() -> ExitCode {
         if let Some(secrets) = pod["spec"].get("imagePullSecrets") {
             println!("imagePullSecrets: {secrets}");
         }
-        if let Some(annotations) = pod["metadata"]
-            .get("annotations")
-            .and_then(Value::as_object)
-        {
-            for (key, value) in annotations {
-                println!("annotation {key}: {}", value.as_str().unwrap_or_default());
+        for (field, shown) in [("annotations", "annotation"), ("labels", "label")] {
+            if let Some(entries) = pod["metadata"].get(field).and_then(Value::as_object) {
+                for (key, value) in entries {
+                    println!("{shown} {key}: {}", value.as_str().unwrap_or_default());
+                }
             }
         }
     }

@@ -71,6 +71,15 @@ fn check_case(dir: &Path, backtrace: bool) {
             }
         }
     }
+    // The record of unmirrored images is on the Pod exactly when the case expects it.
+    let labelled =
+        expect["patch"]["/metadata/labels"]["image-swapper.kubewarden.io/unmirrored"].is_string();
+    assert_eq!(
+        response.unmirrored().is_some(),
+        labelled,
+        "{name}: the unmirrored record {:?}",
+        response.unmirrored()
+    );
     for text in response.warnings.iter().chain(&response.message) {
         assert_one_line(&name, text);
     }

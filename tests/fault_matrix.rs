@@ -234,8 +234,14 @@ fn every_fault_follows_its_setting_and_never_swaps() {
                 "{name} with onMissing {on_missing}, onLookupError {on_lookup_error}: {response:?}"
             );
             assert!(
-                response.mutated.is_none(),
+                response.images_unchanged(&request),
                 "swapped to an unverified image: {context}"
+            );
+            // Only an image the mirror said it lacks is recorded for the fill job.
+            assert_eq!(
+                response.unmirrored().is_some(),
+                expect == Expect::Missing && on_missing == "keep",
+                "{context}"
             );
             assert_eq!(host.lock().unwrap().calls, 1, "{context}");
             let rejects = match expect {

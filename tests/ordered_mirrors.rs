@@ -106,7 +106,18 @@ fn the_first_mirror_refusing_connections_swaps_to_the_second_with_a_warning() {
 fn neither_mirror_holding_it_follows_on_missing() {
     let m = Mirrors::start("neither");
     let (kept, _) = m.admit(json!({}), "nginx:1.27");
-    assert!(kept.accepted && kept.mutated.is_none(), "{kept:?}");
+    assert!(
+        kept.accepted && kept.image("containers", 0) == Some("nginx:1.27"),
+        "{kept:?}"
+    );
+    // The record names the copy that fills the first mirror of the list.
+    assert_eq!(
+        kept.unmirrored().map(|r| r["web"]["copy"].clone()),
+        Some(json!(format!(
+            "skopeo copy --all --preserve-digests docker://docker.io/library/nginx:1.27 docker://{}",
+            m.tag(&m.first)
+        )))
+    );
     assert_eq!(
         kept.warnings,
         [format!(

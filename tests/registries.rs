@@ -324,7 +324,11 @@ fn a_digest_pinned_first_pull_fills_a_cache_that_fills_on_tags() {
         &pod_request("CREATE", web(&format!("app:2.0@{old}"))),
         shared(LiveHost::default()),
     );
-    assert!(moved.mutated.is_none(), "{moved:?}");
+    assert_eq!(
+        moved.image("containers", 0),
+        Some(format!("app:2.0@{old}").as_str()),
+        "{moved:?}"
+    );
     assert!(
         moved.warned("Requested image not found; its tag") && moved.warned("names another digest"),
         "{:?}",

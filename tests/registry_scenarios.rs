@@ -83,9 +83,19 @@ fn pruned_mirror_falls_back_once_the_hosts_cache_expires_and_recovers_when_refil
     server.host().backtrace = true;
     let after_prune = validate(&settings, &request, server.evaluation());
     assert!(after_prune.accepted);
-    assert!(
-        after_prune.mutated.is_none(),
-        "no patch: the original image stays"
+    assert_eq!(
+        after_prune.image("containers", 0),
+        Some("nginx:1.27"),
+        "the original image stays"
+    );
+    // ...and the Pod says which image the mirror lacks, for the fill job.
+    assert_eq!(
+        after_prune.unmirrored(),
+        Some(json!({"web": {
+            "source": "nginx:1.27",
+            "mirror": format!("{}/{REPOSITORY}:1.27", mirror.host),
+            "copy": format!("skopeo copy --all --preserve-digests docker://docker.io/library/nginx:1.27 docker://{}/{REPOSITORY}:1.27", mirror.host),
+        }}))
     );
     assert_eq!(
         after_prune.warnings,
@@ -131,7 +141,7 @@ fn digest_references_are_swapped_only_when_the_mirror_has_that_digest() {
 
     let request = one_container(&format!("nginx@{absent_digest}"));
     let kept = validate(&settings(&mirror, json!({})), &request, host.clone());
-    assert!(kept.accepted && kept.mutated.is_none());
+    assert!(kept.accepted && kept.images_unchanged(&request), "{kept:?}");
     assert!(kept.warned(&absent_digest), "{:?}", kept.warnings);
 
     let rejected = validate(
@@ -334,5 +344,58 @@ fn the_rig_host_writes_the_real_hosts_whole_error_texts() {
         format!(
             "Fail to interact with OCI registry: error sending request for url ({url})\n\nCaused by:\n    0: error sending request for url ({url})\n    1: client error (Connect)\n    2: tcp connect error\n    3: Connection refused (os error 111)"
         )
+    );
+}
+
+/// Time to mirror, at the Pod: created while the mirror lacks its image, the Pod is kept and
+/// records the copy that fills it; an UPDATE that changes no image (a label) keeps the record
+/// as it is, with no patch; `kubectl set image` (an UPDATE) to an image the mirror holds swaps
+/// it and removes the record, label and all.
+#[test]
+fn an_update_that_swaps_a_recorded_container_removes_its_record() {
+    let mirror = TestRegistry::start("record").expect("registry");
+    let settings = settings(&mirror, json!({}));
+    let created = one_container("nginx:1.28");
+    let kept = validate(&settings, &created, shared(LiveHost::default()));
+    let entry = kept.unmirrored().expect("recorded")["web"].clone();
+    assert_eq!(
+        entry["copy"],
+        json!(format!(
+            "skopeo copy --all --preserve-digests docker://docker.io/library/nginx:1.28 docker://{}/{REPOSITORY}:1.28",
+            mirror.host
+        ))
+    );
+    let running = kept.mutated.expect("the record is a patch");
+
+    let mut relabelled = one_container("nginx:1.28");
+    relabelled["operation"] = json!("UPDATE");
+    relabelled["oldObject"] = running.clone();
+    relabelled["object"] = running.clone();
+    relabelled["object"]["metadata"]["labels"]["tier"] = json!("web");
+    let unchanged = validate(&settings, &relabelled, shared(LiveHost::default()));
+    assert!(
+        unchanged.accepted && unchanged.mutated.is_none(),
+        "{unchanged:?}"
+    );
+
+    let mut set_image = relabelled.clone();
+    set_image["oldObject"] = relabelled["object"].clone();
+    set_image["object"]["spec"]["containers"][0]["image"] = json!("nginx:1.28-alpine");
+    Image::new("nginx 1.28 alpine", "linux/amd64").push(&mirror, REPOSITORY, Some("1.28-alpine"));
+    let swapped = validate(&settings, &set_image, shared(LiveHost::default()));
+    assert!(
+        swapped.image("containers", 0).is_some_and(
+            |i| i.starts_with(&format!("{}/{REPOSITORY}:1.28-alpine@sha256:", mirror.host))
+        ),
+        "{swapped:?}"
+    );
+    assert_eq!(swapped.unmirrored(), None);
+    let pod = swapped.mutated.expect("swapped");
+    assert_eq!(pod["metadata"]["labels"], json!({"tier": "web"}), "{pod}");
+    assert!(
+        pod["metadata"]["annotations"]
+            .get("image-swapper.kubewarden.io/unmirrored-images")
+            .is_none(),
+        "{pod}"
     );
 }

@@ -5,7 +5,8 @@
 //!    distinct image (`crate::decide`), the first image of each registry first, each lookup
 //!    asked once (`look_once`) within the lookup budget (`crate::budget`);
 //! 3. `pull_secrets`: whether a mirror's secret can be added, and adding it;
-//! 4. `record`: the original-images annotation;
+//! 4. `record`: the original-images annotation; `unmirrored`: the record of source images the
+//!    mirror lacks, which the fill job reads;
 //! 5. `report`: warnings, the rejection message, audit annotations.
 //!
 //! The check role (`action: check`) runs steps 1, 2 (`checks`: one lookup per mirror image,
@@ -26,15 +27,16 @@ mod pull_secrets;
 mod reapply;
 mod record;
 mod report;
+mod unmirrored;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
 use serde_json::Value;
 
 use crate::budget::{Budgeted, Clock};
-use crate::decide::Note;
+use crate::decide::{Note, Reason};
 use crate::policy::{Action, Policy};
 use crate::registry::Registry;
 
@@ -47,6 +49,8 @@ use pull_secrets::{add_pull_secrets, pull_secret_names};
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};
 use report::{audit_annotations, capped, messages};
+use unmirrored::record_unmirrored;
+pub use unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
 /// this API object, so changing its images would only misreport what runs.
@@ -208,6 +212,19 @@ pub fn admit(
     }
     let candidates = changed_containers(&request, operation);
     if candidates.is_empty() {
+        // Nothing to decide, but the record of unmirrored images stays the policy's own: one
+        // written by hand in a metadata update goes, since the fill job acts on it.
+        let previous = std::mem::take(&mut request.old_object);
+        let mut object = std::mem::take(&mut request.object);
+        if operation.may_change_metadata()
+            && record_unmirrored(&mut object, Some(&previous), &BTreeSet::new(), policy)
+        {
+            return Outcome {
+                verdict: Verdict::Mutate(object),
+                warnings: Vec::new(),
+                audit: BTreeMap::new(),
+            };
+        }
         return Outcome::unchanged();
     }
     // The live Pod's record: what this policy swapped, and from what.
@@ -243,6 +260,17 @@ pub fn admit(
             audit,
         };
     }
+    // Images kept because no target of their rule holds them: the record the fill job reads.
+    let absent: BTreeSet<String> = verdicts
+        .kept
+        .iter()
+        .filter(|(_, note)| note.reason == Reason::Absent)
+        .map(|(image, _)| image.clone())
+        .collect();
+    let previous = match operation {
+        Operation::Update => Some(std::mem::take(&mut request.old_object)),
+        _ => None,
+    };
     let mut object = std::mem::take(&mut request.object);
     let mut changed = false;
     for swap in &verdicts.swaps {
@@ -253,6 +281,8 @@ pub fn admit(
     }
     if operation.may_change_metadata() {
         changed |= record_original_images(&mut object, &verdicts.swaps, &policy.router);
+        let absent: BTreeSet<&str> = absent.iter().map(String::as_str).collect();
+        changed |= record_unmirrored(&mut object, previous.as_ref(), &absent, policy);
     }
     if operation == Operation::Create {
         let secrets = verdicts
@@ -281,7 +311,7 @@ mod tests {
     use crate::registry::{LookupError, Manifest};
     use kubewarden_policy_sdk::request::GroupVersionKind;
     use report::{AUDITED_CHARS_MAX, AUDITED_MAX, LISTED_MAX};
-    use serde_json::json;
+    use serde_json::{Map, json};
 
     const SETTINGS: &str = r#"{"mirrors":[
         {"source":"docker.io","target":"mirror.example.com/dockerhub","pullSecret":"mirror-pull"},
@@ -340,6 +370,19 @@ mod tests {
             Verdict::Accept => outcome.warnings,
             other => panic!("expected accept, got {other:?}"),
         }
+    }
+
+    /// A Pod whose images were all kept, with the record of those the mirror lacks: every image
+    /// as written, the warnings.
+    fn recorded(outcome: Outcome) -> (Value, Vec<String>) {
+        let warnings = outcome.warnings.clone();
+        let pod = mutated(outcome);
+        assert_eq!(
+            pod["metadata"]["labels"][UNMIRRORED_LABEL],
+            json!("true"),
+            "{pod}"
+        );
+        (pod, warnings)
     }
 
     fn rejection(outcome: Outcome) -> String {
@@ -594,8 +637,12 @@ mod tests {
             &policy_from(SETTINGS),
             &mut registry(),
         );
-        let warnings = accepted_warnings(outcome);
+        let (pod, warnings) = recorded(outcome);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            json!("nginx:missing")
+        );
     }
 
     #[test]
@@ -609,9 +656,16 @@ mod tests {
             &policy_from(SETTINGS),
             &mut registry(),
         );
-        let warnings = accepted_warnings(outcome);
+        let (pod, warnings) = recorded(outcome);
         assert_eq!(warnings.len(), LISTED_MAX + 1);
         assert_eq!(warnings[LISTED_MAX], "… and 30 more images not swapped");
+        let record: Value = serde_json::from_str(
+            pod["metadata"]["annotations"][UNMIRRORED_ANNOTATION]
+                .as_str()
+                .unwrap_or_default(),
+        )
+        .expect("JSON");
+        assert_eq!(record.as_object().map(Map::len), Some(50));
     }
 
     #[test]

@@ -59,6 +59,28 @@ impl Response {
             .as_str()
     }
 
+    /// Whether every image is as the request wrote it: no mutation, or one that changed only
+    /// metadata (the record of images the mirror lacks).
+    pub fn images_unchanged(&self, request: &Value) -> bool {
+        let Some(pod) = &self.mutated else {
+            return true;
+        };
+        ["containers", "initContainers", "ephemeralContainers"]
+            .iter()
+            .all(|list| pod["spec"][list] == request["object"]["spec"][list])
+    }
+
+    /// The record of source images the mirror lacks, container name to entry, when the Pod
+    /// carries one (with its label).
+    pub fn unmirrored(&self) -> Option<Value> {
+        let pod = self.mutated.as_ref()?;
+        let labelled =
+            pod["metadata"]["labels"]["image-swapper.kubewarden.io/unmirrored"] == "true";
+        let text = pod["metadata"]["annotations"]["image-swapper.kubewarden.io/unmirrored-images"]
+            .as_str()?;
+        labelled.then(|| serde_json::from_str(text).ok()).flatten()
+    }
+
     pub fn warned(&self, text: &str) -> bool {
         self.warnings.iter().any(|w| w.contains(text))
     }
