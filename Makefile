@@ -4,7 +4,8 @@ CARGO ?= cargo
 KWCTL ?= kwctl
 SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
 # Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq, and skopeo
-# (the rig's tag-filled cache copies with it; so does the fill job).
+# (the rig's tag-filled cache copies with it; so does the fill job). From PyPI: moto's server
+# and the AWS CLI, for the fill job on ECR (scripts/ensure-python-tools.sh).
 TEST_PACKAGES := docker-registry bats jq skopeo
 
 .PHONY: deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
@@ -18,6 +19,7 @@ annotated-policy.wasm: policy.wasm metadata.yml README.md | check-kwctl
 
 deps:
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
+	scripts/ensure-python-tools.sh
 
 # Unit tests, then the built module in a wasm host against real registries on loopback; the
 # tests whose registries are far away run under the rig's host model of policy-server 1.35 (the

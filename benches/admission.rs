@@ -133,6 +133,11 @@ fn mib(bytes: usize) -> String {
 }
 
 fn main() {
+    // `BENCH_ONLY=fill-job make bench`: the fill job's figures only.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("fill-job") {
+        fill_job();
+        return;
+    }
     let root = rig::root();
     let policy = rig::policy();
     let floor = WasmPolicy::load(&root.join("target/floor-policy.wasm"))
@@ -267,6 +272,67 @@ fn main() {
     verify_source(policy);
     concurrency();
     throughput();
+    fill_job();
+}
+
+/// The fill job's own work over the Pods' records: `scripts/fill-mirror.sh --list` reading N
+/// recorded Pods (a tenth of them naming images no other Pod names, as a rollout's replicas
+/// share one) and checking each copy against the settings' routing. The copies themselves cost
+/// what skopeo costs, per distinct image.
+fn fill_job() {
+    let settings =
+        json!({"mirrors": [{"source": "docker.io", "target": "mirror.example.com/dockerhub"}]});
+    let dir = std::env::temp_dir().join(format!("image-swapper-bench-fill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let settings_path = dir.join("settings.json");
+    std::fs::write(&settings_path, settings.to_string()).expect("settings");
+    println!(
+        "
+fill job: scripts/fill-mirror.sh --list over recorded Pods (median of 3 runs)"
+    );
+    println!("| recorded Pods | distinct copies | seconds |");
+    println!("|---:|---:|---:|");
+    for pods in [10, 100, 1_000] {
+        let items: Vec<Value> = (0..pods)
+            .map(|n| {
+                let image = format!("app{}:1", n / 10);
+                let record = json!({"web": {
+                    "source": image,
+                    "mirror": format!("mirror.example.com/dockerhub/library/app{}:1", n / 10),
+                    "copy": format!("skopeo copy --all --preserve-digests docker://docker.io/library/app{0}:1 docker://mirror.example.com/dockerhub/library/app{0}:1", n / 10),
+                }});
+                json!({"metadata": {"name": format!("web-{n}"), "namespace": "default",
+                    "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
+                    "annotations": {"image-swapper.kubewarden.io/unmirrored-images": record.to_string()}},
+                    "spec": {"containers": [{"name": "web", "image": image}]}})
+            })
+            .collect();
+        let pods_path = dir.join(format!("pods-{pods}.json"));
+        std::fs::write(
+            &pods_path,
+            json!({"kind": "List", "items": items}).to_string(),
+        )
+        .expect("pods");
+        let mut times = Vec::new();
+        let mut copies = 0;
+        for _ in 0..3 {
+            let started = Instant::now();
+            let output = std::process::Command::new(rig::root().join("scripts/fill-mirror.sh"))
+                .arg("--list")
+                .arg("--pods")
+                .arg(&pods_path)
+                .arg("--settings")
+                .arg(&settings_path)
+                .output()
+                .expect("fill-mirror.sh");
+            times.push(started.elapsed());
+            assert!(output.status.success(), "{output:?}");
+            copies = String::from_utf8_lossy(&output.stdout).lines().count();
+        }
+        times.sort();
+        println!("| {pods} | {copies} | {:.2} |", times[1].as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 const DISTANCES_MS: [u64; 3] = [0, 20, 100];

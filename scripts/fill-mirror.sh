@@ -16,21 +16,50 @@
 # that very copy, made since the scan, or a tag someone filled since; copying over it could move
 # a tag to other content.
 #
+# It also reads the swapping policy's record on Pods it kept because the mirror lacked an image
+# (label image-swapper.kubewarden.io/unmirrored, annotation
+# image-swapper.kubewarden.io/unmirrored-images: per container, source, mirror and copy), so that
+# a new image is copied within this job's period, not the audit scanner's. Anyone who can write
+# a Pod's annotations could write such a record, so a Pod's copy is made only when it is the
+# policy's own: its source is what the container runs, and its destination is where the
+# swapping policy's settings route that source (the longest matching `source`, its first
+# target; else `defaultMirror`). Any other is refused with a note, and never run.
+#
 # Usage:
-#   fill-mirror.sh [--policy NAME] [--reports FILE]... [--dry-run] [--insecure]
-#       Reads the reports (FILE, `kubectl get -o json` output; without --reports, from the
-#       cluster with kubectl), then copies. Needs jq, skopeo, and kubectl without --reports.
-#   fill-mirror.sh --list [--policy NAME] [--reports FILE]...
-#       Prints the copies, one "SOURCE DESTINATION" a line (needs jq, and kubectl without --reports).
-#   fill-mirror.sh --copies FILE [--dry-run] [--insecure]
-#       Copies what --list printed (needs skopeo only): a job can read the reports in one
-#       container and copy in another.
+#   fill-mirror.sh [--policy NAME] [--reports FILE]... [--pods FILE]... [--settings FILE]
+#                  [--swap-policy NAME] [--ecr] [--dry-run] [--insecure]
+#       Reads the reports and the Pods' records (from FILEs, `kubectl get ... -o json` output;
+#       without --reports or --pods, both from the cluster with kubectl), then copies. Needs jq,
+#       skopeo, and kubectl without files.
+#   fill-mirror.sh --list [...]
+#       Prints the copies, one "SOURCE DESTINATION" a line (needs jq, and kubectl without files).
+#   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure]
+#       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
+#       read the reports in one container and copy in another.
 # --policy defaults to clusterwide-image-swapper-check (a ClusterAdmissionPolicy named
-# image-swapper-check). --insecure lets skopeo use plain HTTP and unverified TLS. skopeo reads
-# the mirror's push credentials from REGISTRY_AUTH_FILE (a docker config.json).
+# image-swapper-check). The swapping policy's settings route the Pods' copies: --settings FILE
+# (its settings, or the policy object, as JSON), else from the cluster, the ClusterAdmissionPolicy
+# --swap-policy (default image-swapper). --insecure lets skopeo use plain HTTP and unverified
+# TLS. skopeo reads the mirror's push credentials from REGISTRY_AUTH_FILE (a docker
+# config.json).
+# --ecr: the mirror is Amazon ECR, which refuses a push to a repository that does not exist.
+# Each destination repository is created first when missing (`aws ecr create-repository`, with
+# the extra arguments in ECR_CREATE_REPOSITORY_ARGS, e.g. "--image-tag-mutability IMMUTABLE
+# --encryption-configuration encryptionType=KMS"), and skopeo is logged in to each destination
+# registry with `aws ecr get-login-password` at every run, from the job's own AWS identity (IRSA
+# or EKS Pod Identity): no push Secret to renew. The region is the registry host's
+# (<account>.dkr.ecr.<region>.amazonaws.com), else AWS_REGION.
+#   fill-mirror.sh --ecr-prepare --copies FILE
+#       The ECR part alone, for a container with the AWS CLI and no skopeo (the public AWS CLI
+#       image): creates the missing repositories of the copies in FILE and writes the push login
+#       to REGISTRY_AUTH_FILE, for a later `--copies FILE` run in the skopeo image.
 set -euo pipefail
 
 policy=clusterwide-image-swapper-check
+swap_policy=image-swapper
+settings_file=
+ecr=false
+pods=()
 reports=()
 copies_file=
 mode=copy
@@ -41,6 +70,11 @@ while (($#)); do
   case $1 in
     --policy) policy=${2:?--policy needs a name}; shift 2 ;;
     --reports) reports+=("${2:?--reports needs a file}"); shift 2 ;;
+    --pods) pods+=("${2:?--pods needs a file}"); shift 2 ;;
+    --settings) settings_file=${2:?--settings needs a file}; shift 2 ;;
+    --swap-policy) swap_policy=${2:?--swap-policy needs a name}; shift 2 ;;
+    --ecr) ecr=true; shift ;;
+    --ecr-prepare) ecr=true; mode=ecr-prepare; shift ;;
     --copies) copies_file=${2:?--copies needs a file}; shift 2 ;;
     --list) mode=list; shift ;;
     --dry-run) dry_run=true; shift ;;
@@ -50,26 +84,142 @@ while (($#)); do
   esac
 done
 
-# The reports as JSON documents, one after another: from files, or from the cluster (each kind
-# that is installed; a kind the cluster lacks is skipped with a note).
-read_reports() {
-  if ((${#reports[@]})); then
-    cat "${reports[@]}"
-    return
-  fi
-  local kind found=false
-  for kind in reports.openreports.io policyreports.wgpolicyk8s.io; do
-    if kubectl get "$kind" --all-namespaces -o json 2>/dev/null; then
-      found=true
-    else
-      echo "fill-mirror: no $kind in this cluster, skipped" >&2
-    fi
+# Each line once, in order (bash alone: the AWS CLI's image has no awk).
+unique_lines() {
+  local -A seen=()
+  local line
+  while IFS= read -r line; do
+    [[ -n $line && -z ${seen[$line]:-} ]] || continue
+    seen[$line]=1
+    printf '%s\n' "$line"
   done
-  $found || { echo "fill-mirror: could not read any report kind with kubectl" >&2; exit 2; }
 }
 
-# "SOURCE DESTINATION" for every copy in this policy's fail results, each once, in order.
+from_files=false
+((${#reports[@]} + ${#pods[@]})) && from_files=true
+
+# `kubectl get`, its output on stdout; a kind this cluster does not serve is an empty answer
+# with a note, any other failure (RBAC, an unreachable API server) ends the run with kubectl's
+# own words.
+kubectl_get() {
+  local output
+  if output=$(kubectl get "$@" -o json 2>&1); then
+    printf '%s\n' "$output"
+  elif grep -q "the server doesn't have a resource type" <<<"$output"; then
+    echo "fill-mirror: $1 is not served by this cluster, skipped" >&2
+  else
+    echo "fill-mirror: kubectl get $*: $output" >&2
+    return 2
+  fi
+}
+
+# The reports as JSON documents, one after another: from files, or from the cluster (each kind
+# that is installed).
+read_reports() {
+  if $from_files; then
+    ((${#reports[@]})) && cat "${reports[@]}"
+    return 0
+  fi
+  kubectl_get reports.openreports.io --all-namespaces || exit 2
+  kubectl_get policyreports.wgpolicyk8s.io --all-namespaces || exit 2
+}
+
+# The Pods that carry the record, as JSON documents.
+read_pods() {
+  if $from_files; then
+    ((${#pods[@]})) && cat "${pods[@]}"
+    return 0
+  fi
+  kubectl_get pods --all-namespaces -l image-swapper.kubewarden.io/unmirrored=true || exit 2
+}
+
+# The swapping policy's settings, which route the Pods' copies.
+read_settings() {
+  local settings
+  settings=$(read_settings_document)
+  if ! jq -e 'type == "object" and ((.mirrors | type) == "array" or (.defaultMirror | type) == "object")' \
+      <<<"$settings" >/dev/null; then
+    echo "fill-mirror: the swapping policy's settings have neither mirrors nor defaultMirror: $settings" >&2
+    exit 2
+  fi
+  printf '%s\n' "$settings"
+}
+
+read_settings_document() {
+  if [[ -n $settings_file ]]; then
+    jq 'if has("spec") then .spec.settings else . end' "$settings_file"
+  elif $from_files; then
+    echo "fill-mirror: --pods needs --settings (the swapping policy's settings) to check its copies" >&2
+    exit 2
+  else
+    kubectl_get clusteradmissionpolicies.policies.kubewarden.io "$swap_policy" | jq '.spec.settings' || exit 2
+  fi
+}
+
+# "SOURCE DESTINATION" for every Pod record whose copy is the policy's own; a note on stderr for
+# each that is not. The reference rules are the container runtimes' (docker.io, library/,
+# :latest), as the policy normalises them.
+pod_copies() {
+  local documents settings
+  documents=$(read_pods)
+  [[ -n $documents ]] || return 0
+  settings=$(read_settings)
+  jq -r --argjson settings "$settings" '
+    def normal:
+      (split("@")) as $at | $at[0] as $named | ($at[1] // null) as $digest
+      | ($named | split("/")) as $segments
+      | (if ($segments | length) > 1 and ($segments[0] | test("[.:]") or . == "localhost")
+         then $named else "docker.io/" + $named end)
+      | (if startswith("docker.io/") and (split("/") | length) == 2
+         then "docker.io/library/" + .[10:] else . end)
+      | split("/") as $s | ($s[-1] | split(":")) as $last
+      | {name: (($s[:-1] + [$last[0]]) | join("/")), tag: $last[1], digest: $digest};
+    def segments_under($prefix): . == $prefix or startswith($prefix + "/");
+    def route($name):
+      ([$settings.mirrors[]? | {source, target: (.target // .targets[0].target)}
+        | select(.source != null and .target != null) | .source as $source
+        | select($name | segments_under($source))]
+       | max_by(.source | length)) as $rule
+      | if $rule then $rule.target + $name[($rule.source | length):]
+        else ($settings.defaultMirror // {}) as $d | ($d.registry // $d.registries[0]?) as $r
+          | if $r and ($name | split("/")[0]) != ($r | split("/")[0])
+            then $r + "/" + $name else null end
+        end;
+    (if type == "object" and has("items") then .items[] else . end)
+    | . as $pod
+    | ([.spec.containers[]?, .spec.initContainers[]?, .spec.ephemeralContainers[]?]
+       | map({(.name): .image}) | add // {}) as $running
+    | (.metadata.annotations["image-swapper.kubewarden.io/unmirrored-images"] // "{}"
+       | try fromjson catch {}) | to_entries[]
+    | .key as $container | .value as $entry
+    | ($entry.copy // "" | capture("^skopeo copy --all --preserve-digests docker://(?<source>[A-Za-z0-9._:@/-]+) docker://(?<destination>[A-Za-z0-9._:@/-]+)$")
+       // null) as $copy
+    | ($running[$container] // null) as $image
+    | ($image | if . then normal else null end) as $ref
+    | (if $ref then route($ref.name) else null end) as $repository
+    | (if $ref == null or $repository == null then null
+       elif $ref.digest then [$ref.name + "@" + $ref.digest,
+                              $repository + ":" + ($ref.digest | sub(":"; "-"))]
+       else [$ref.name + ":" + ($ref.tag // "latest"), $repository + ":" + ($ref.tag // "latest")] end) as $expected
+    | if $copy and $image == $entry.source and $expected == [$copy.source, $copy.destination]
+      then "\($copy.source) \($copy.destination)"
+      else "refused \($pod.metadata.namespace // "")/\($pod.metadata.name // "") container \($container): its record is not the policy\u0027s own (\($entry.copy // "no copy"))" end
+  ' <<<"$documents" | while read -r line; do
+    if [[ $line == refused\ * ]]; then
+      echo "fill-mirror: ${line}, not run" >&2
+    else
+      echo "$line"
+    fi
+  done
+}
+
+# "SOURCE DESTINATION" for every copy in this policy's fail results and the Pods' records,
+# each once, in order.
 list_copies() {
+  { report_copies; pod_copies; } | unique_lines
+}
+
+report_copies() {
   local messages
   messages=$(read_reports |
     jq -r --arg policy "$policy" '
@@ -78,8 +228,7 @@ list_copies() {
       | select(.policy == $policy and .result == "fail")
       | .message // empty')
   { grep -oE 'skopeo copy --all --preserve-digests docker://[A-Za-z0-9._:@/-]+ docker://[A-Za-z0-9._:@/-]+' <<<"$messages" || true; } |
-    sed -E 's|^skopeo copy --all --preserve-digests docker://([^ ]+) docker://([^ ]+)$|\1 \2|' |
-    awk '!seen[$0]++'
+    sed -E 's|^skopeo copy --all --preserve-digests docker://([^ ]+) docker://([^ ]+)$|\1 \2|'
 }
 
 if [[ $mode == list ]]; then
@@ -88,9 +237,69 @@ if [[ $mode == list ]]; then
 fi
 
 if [[ -n $copies_file ]]; then
-  copies=$(awk '!seen[$0]++' "$copies_file")
+  copies=$(unique_lines <"$copies_file")
 else
   copies=$(list_copies)
+fi
+
+# ECR: the region of a registry host, and a login per destination registry, from the job's own
+# AWS identity, before anything is inspected or pushed.
+ecr_region() {
+  if [[ $1 =~ \.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com ]]; then
+    echo "${BASH_REMATCH[1]}"
+  else
+    echo "${AWS_REGION:-${AWS_DEFAULT_REGION:?--ecr needs AWS_REGION for $1}}"
+  fi
+}
+# The push login for an ECR registry host, in REGISTRY_AUTH_FILE: with skopeo when there is one,
+# else written as a docker config (the AWS CLI's image has no skopeo).
+ecr_login() {
+  local host=$1 password
+  password=$(aws ecr get-login-password --region "$(ecr_region "$host")") || return 1
+  if command -v skopeo >/dev/null; then
+    skopeo login --username AWS --password-stdin "${tls[@]}" "$host" <<<"$password" >/dev/null
+  else
+    : "${REGISTRY_AUTH_FILE:?--ecr-prepare writes the login to REGISTRY_AUTH_FILE}"
+    printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$host" "$(printf 'AWS:%s' "$password" | base64 -w0)" \
+      >"$REGISTRY_AUTH_FILE"
+  fi
+}
+ecr_failed=()
+if $ecr && ! $dry_run; then
+  for host in $(while read -r _ destination; do echo "${destination%%/*}"; done <<<"$copies" | sort -u); do
+    if ! ecr_login "$host"; then
+      echo "fill-mirror: could not log in to $host with aws ecr get-login-password" >&2
+      ecr_failed+=("$host")
+    fi
+  done
+fi
+
+# ECR refuses a push to a repository that does not exist: create it, with the operator's
+# arguments. One that exists already is fine.
+ecr_repository() {
+  local destination=$1 host repository output
+  host=${destination%%/*}
+  repository=${destination#*/}
+  repository=${repository%%[:@]*}
+  # shellcheck disable=SC2086 # ECR_CREATE_REPOSITORY_ARGS holds several arguments
+  if output=$(aws ecr create-repository --region "$(ecr_region "$host")" \
+      --repository-name "$repository" ${ECR_CREATE_REPOSITORY_ARGS:-} 2>&1); then
+    echo "created ECR repository $repository"
+  elif ! grep -q RepositoryAlreadyExistsException <<<"$output"; then
+    echo "fill-mirror: aws ecr create-repository $repository: $(tail -n 1 <<<"$output")" >&2
+    return 1
+  fi
+}
+
+if [[ $mode == ecr-prepare ]]; then
+  prepared=0
+  while read -r _ destination; do
+    [[ -n ${destination:-} ]] || continue
+    ecr_repository "$destination" || ecr_failed+=("$destination")
+    prepared=$((prepared + 1))
+  done <<<"$copies"
+  echo "fill-mirror: ECR prepared for $prepared copies, ${#ecr_failed[@]} failed"
+  exit $((${#ecr_failed[@]} > 0))
 fi
 
 copied=0 failed=0 skipped=0
@@ -103,6 +312,11 @@ while read -r source destination; do
   if skopeo inspect --raw "${tls[@]}" "docker://$destination" >/dev/null 2>&1; then
     echo "skipped docker://$destination: it exists already"
     skipped=$((skipped + 1))
+    continue
+  fi
+  if $ecr && ! ecr_repository "$destination"; then
+    echo "failed docker://$source to docker://$destination: its ECR repository could not be created"
+    failed=$((failed + 1))
     continue
   fi
   if output=$(skopeo copy --all --preserve-digests \
@@ -121,4 +335,4 @@ if $dry_run; then
   exit 0
 fi
 echo "fill-mirror: $copied copied, $failed failed, $skipped skipped"
-((failed == 0))
+((failed == 0 && ${#ecr_failed[@]} == 0))

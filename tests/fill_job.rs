@@ -393,3 +393,337 @@ fn a_finding_beside_an_unchecked_image_is_a_fail_whose_copy_the_fill_job_makes()
         "one copy, the finding's"
     );
 }
+
+/// A Pod as `kubectl get pods -o json` lists it, from the policy's answer to its admission.
+fn listed_pod(n: usize, admitted: &Response, request: &Value) -> Value {
+    let mut pod = admitted
+        .mutated
+        .clone()
+        .unwrap_or_else(|| request["object"].clone());
+    pod["metadata"]["name"] = json!(format!("web-{n}"));
+    pod["metadata"]["namespace"] = json!("default");
+    pod
+}
+
+/// Time to mirror from the Pods' records: three Pods admitted while the mirror lacks `web:5` and
+/// `api:1` carry the swapping role's record; a scan reported `api:1` too. One fill-job run over
+/// the Pods and the reports together copies each image once; a record the policy did not write
+/// (a Pod in a namespace the policy does not cover, naming a tag the mirror lacks) is refused,
+/// and an existing tag is never copied over. The next admission of `web:5` is swapped.
+#[test]
+fn the_fill_job_copies_what_the_pods_records_name_once_and_refuses_a_record_not_the_policys() {
+    let cluster = Cluster::start("fill-pods");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let web_digest = Image::new("web 5", "linux/amd64").push(source, "web", Some("5"));
+    let api = Image::new("api 1", "linux/amd64").push(source, "api", Some("1"));
+    let db_mirror = Image::new("db 2 as mirrored", "linux/amd64").push(mirror, "hub/db", Some("2"));
+    Image::new("db 2 moved on", "linux/amd64").push(source, "db", Some("2"));
+
+    let started = std::time::Instant::now();
+    let mut pods = Vec::new();
+    for (n, image) in ["web:5", "web:5", "api:1"].into_iter().enumerate() {
+        let request = pod_request("CREATE", web(&cluster.source_image(image)));
+        let admitted = validate(
+            &cluster.settings("swap"),
+            &request,
+            shared(LiveHost::default()),
+        );
+        assert!(admitted.images_unchanged(&request), "{admitted:?}");
+        assert!(admitted.unmirrored().is_some(), "{admitted:?}");
+        pods.push(listed_pod(n, &admitted, &request));
+    }
+    let forged_copy = format!(
+        "skopeo copy --all --preserve-digests docker://{}/web:5 docker://{}/hub/nginx:9",
+        source.host, mirror.host
+    );
+    pods.push(json!({
+        "metadata": {"name": "forged", "namespace": "unwatched",
+            "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
+            "annotations": {"image-swapper.kubewarden.io/unmirrored-images":
+                json!({"web": {"source": cluster.source_image("web:5"), "copy": forged_copy}}).to_string()}},
+        "spec": {"containers": [{"name": "web", "image": cluster.source_image("web:5")}]},
+    }));
+    let scanned = cluster.check(9, &web(&cluster.source_image("api:1")), &json!({}));
+    assert_eq!(
+        (scanned.accepted, scanned.code),
+        (false, None),
+        "{scanned:?}"
+    );
+
+    let dir = tempdir("fill-pods");
+    let pods_file = write(&dir, "pods.json", &list(pods));
+    let reports = write(
+        &dir,
+        "reports.json",
+        &list(vec![report("Report", 9, vec![result(POLICY, &scanned)])]),
+    );
+    let settings = write(&dir, "settings.json", &cluster.settings("swap"));
+    let settings_arg = settings.to_str().unwrap_or_default().to_string();
+    let pods_arg = pods_file.to_str().unwrap_or_default().to_string();
+    let job = std::time::Instant::now();
+    let (ok, printed) = fill(
+        &[&reports],
+        &["--pods", &pods_arg, "--settings", &settings_arg],
+    );
+    let job = job.elapsed();
+    assert!(ok, "{printed}");
+    assert!(
+        printed.contains("fill-mirror: 2 copied, 0 failed, 0 skipped"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!(
+            "fill-mirror: refused unwatched/forged container web: its record is not the policy's own ({forged_copy}), not run"
+        )),
+        "{printed}"
+    );
+    assert_eq!(
+        mirror.digest_of("hub/web", "5").as_deref(),
+        Some(web_digest.as_str())
+    );
+    assert_eq!(
+        mirror.digest_of("hub/api", "1").as_deref(),
+        Some(api.as_str())
+    );
+    assert_eq!(
+        mirror.digest_of("hub/nginx", "9"),
+        None,
+        "the forged copy was not made"
+    );
+    assert_eq!(
+        mirror.digest_of("hub/db", "2").as_deref(),
+        Some(db_mirror.as_str()),
+        "no tag moved"
+    );
+
+    let request = pod_request("CREATE", web(&cluster.source_image("web:5")));
+    let next = validate(
+        &cluster.settings("swap"),
+        &request,
+        shared(LiveHost::default()),
+    );
+    assert_eq!(
+        next.image("containers", 0),
+        Some(format!("{}/hub/web:5@{web_digest}", mirror.host).as_str()),
+        "{next:?}"
+    );
+    eprintln!(
+        "time to mirror, on loopback: first admission to swapped admission {:?}, of it the fill job's run {job:?}",
+        started.elapsed()
+    );
+}
+
+/// ECR: the mirror refuses a push to a repository that does not exist, and the job has no push
+/// Secret. With `--ecr` the job logs in with `aws ecr get-login-password` (moto's token, which
+/// the registry front requires) and creates the repository with the operator's arguments, then
+/// copies; without it, the copy fails with ECR's own words.
+#[test]
+fn on_ecr_the_fill_job_creates_the_repository_and_logs_in_by_itself() {
+    use rig::ecr::{EcrRegistry, Moto};
+    let source = TestRegistry::start("ecr-source").expect("registry");
+    let storage = TestRegistry::start("ecr-storage").expect("registry");
+    let moto = Moto::start().expect("moto");
+    let ecr = EcrRegistry::start(&storage, &moto).expect("ECR front");
+    let digest = Image::new("app 1 for ecr", "linux/amd64").push(&source, "team/app", Some("1"));
+    let settings =
+        json!({"mirrors": [{"source": source.host, "target": format!("{}/cache", ecr.host)}]});
+    let dir = tempdir("fill-ecr");
+    // policy-server's imagePullSecret for the ECR registry, as the credentials CronJob renews it.
+    let docker = dir.join("policy-server");
+    std::fs::create_dir_all(&docker).expect("dir");
+    let auth = rig::registry::basic_auth("AWS", &EcrRegistry::password());
+    let auth = auth.trim_start_matches("Basic ");
+    std::fs::write(
+        docker.join("config.json"),
+        json!({"auths": {ecr.host.clone(): {"auth": auth}}}).to_string(),
+    )
+    .expect("config");
+    let admit = || {
+        let request = pod_request("CREATE", web(&format!("{}/team/app:1", source.host)));
+        let host = shared(LiveHost {
+            docker_config: Some(docker.clone()),
+            ..LiveHost::default()
+        });
+        (validate(&settings, &request, host), request)
+    };
+    let (kept, request) = admit();
+    assert!(kept.unmirrored().is_some(), "{kept:?}");
+    let pods = write(
+        &dir,
+        "pods.json",
+        &list(vec![listed_pod(1, &kept, &request)]),
+    );
+    let settings_file = write(&dir, "settings.json", &settings);
+    let run = |extra: &[&str]| {
+        let mut command = Command::new(rig::root().join("scripts/fill-mirror.sh"));
+        command
+            .args(["--insecure", "--pods"])
+            .arg(&pods)
+            .arg("--settings")
+            .arg(&settings_file)
+            .args(extra)
+            .env("REGISTRY_AUTH_FILE", dir.join("push-auth.json"))
+            .env(
+                "ECR_CREATE_REPOSITORY_ARGS",
+                "--image-tag-mutability IMMUTABLE",
+            );
+        for (name, value) in moto.environment() {
+            command.env(name, value);
+        }
+        let output = command.output().expect("fill-mirror.sh runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    };
+
+    // With push credentials from a Secret and no --ecr: ECR refuses the push, in its words.
+    let auth_file = dir.join("push-auth.json");
+    let login = Command::new("skopeo")
+        .args([
+            "login",
+            "--tls-verify=false",
+            "--username",
+            "AWS",
+            "--password",
+        ])
+        .arg(EcrRegistry::password())
+        .arg(&ecr.host)
+        .env("REGISTRY_AUTH_FILE", &auth_file)
+        .output()
+        .expect("skopeo login");
+    assert!(login.status.success(), "{login:?}");
+    let (ok, printed) = run(&[]);
+    assert!(!ok, "{printed}");
+    assert!(
+        printed.contains("fill-mirror: 0 copied, 1 failed")
+            && printed.contains("The repository with name 'cache/team/app' does not exist in the registry with id '123456789012'"),
+        "{printed}"
+    );
+    assert_eq!(moto.repository("cache/team/app"), None);
+
+    // With --ecr and no credentials at all: the job logs in and creates the repository.
+    std::fs::remove_file(&auth_file).expect("no push credentials");
+
+    let (ok, printed) = run(&["--ecr"]);
+    assert!(ok, "{printed}");
+    assert!(
+        printed.contains("created ECR repository cache/team/app")
+            && printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped"),
+        "{printed}"
+    );
+    let repository = moto.repository("cache/team/app").expect("created");
+    assert_eq!(
+        repository["imageTagMutability"],
+        json!("IMMUTABLE"),
+        "{repository}"
+    );
+    assert_eq!(
+        storage.digest_of("cache/team/app", "1").as_deref(),
+        Some(digest.as_str())
+    );
+
+    let (swapped, _) = admit();
+    assert_eq!(
+        swapped.image("containers", 0),
+        Some(format!("{}/cache/team/app:1@{digest}", ecr.host).as_str()),
+        "{swapped:?}"
+    );
+}
+
+/// The documented ECR CronJob, container by container, each with only what its public image
+/// has: `--list` (kubectl and jq), `--ecr-prepare` (the AWS CLI and bash, no skopeo: it creates
+/// the repository and writes the push login), `--copies` (skopeo, with that login and no AWS).
+#[test]
+fn the_ecr_cronjobs_three_steps_fill_a_new_repository() {
+    use rig::ecr::{EcrRegistry, Moto};
+    let source = TestRegistry::start("ecr3-source").expect("registry");
+    let storage = TestRegistry::start("ecr3-storage").expect("registry");
+    let moto = Moto::start().expect("moto");
+    let ecr = EcrRegistry::start(&storage, &moto).expect("ECR front");
+    let digest = Image::new("api 3 for ecr", "linux/amd64").push(&source, "team/api", Some("3"));
+    let dir = tempdir("fill-ecr3");
+    let settings =
+        json!({"mirrors": [{"source": source.host, "target": format!("{}/cache", ecr.host)}]});
+    let record = json!({"api": {"source": format!("{}/team/api:3", source.host),
+        "copy": format!("skopeo copy --all --preserve-digests docker://{0}/team/api:3 docker://{1}/cache/team/api:3", source.host, ecr.host)}});
+    let pods = write(
+        &dir,
+        "pods.json",
+        &list(vec![json!({
+            "metadata": {"name": "api-0", "namespace": "default",
+                "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
+                "annotations": {"image-swapper.kubewarden.io/unmirrored-images": record.to_string()}},
+            "spec": {"containers": [{"name": "api", "image": format!("{}/team/api:3", source.host)}]},
+        })]),
+    );
+    let settings_file = write(&dir, "settings.json", &settings);
+    let script = rig::root().join("scripts/fill-mirror.sh");
+    let copies = dir.join("copies");
+    let listed = Command::new(&script)
+        .args(["--list", "--pods"])
+        .arg(&pods)
+        .arg("--settings")
+        .arg(&settings_file)
+        .output()
+        .expect("--list");
+    assert!(listed.status.success(), "{listed:?}");
+    std::fs::write(&copies, &listed.stdout).expect("copies");
+
+    // The AWS CLI's container: bash, coreutils and aws, no skopeo.
+    let tools = dir.join("aws-cli-image");
+    std::fs::create_dir_all(&tools).expect("dir");
+    for tool in ["bash", "aws", "sort", "base64", "grep", "tail", "env"] {
+        // pyenv's shims are scripts that need pyenv: link the program itself.
+        let found = Command::new("bash")
+            .args([
+                "-c",
+                &format!("pyenv which {tool} 2>/dev/null || command -v {tool}"),
+            ])
+            .output()
+            .expect("command -v");
+        let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
+        let _ = std::os::unix::fs::symlink(&path, tools.join(tool));
+    }
+    let auth_file = dir.join("auth.json");
+    let mut prepare = Command::new(tools.join("bash"));
+    prepare
+        .arg(&script)
+        .args(["--ecr-prepare", "--copies"])
+        .arg(&copies)
+        .env("PATH", &tools)
+        .env("REGISTRY_AUTH_FILE", &auth_file);
+    for (name, value) in moto.environment() {
+        prepare.env(name, value);
+    }
+    let prepared = prepare.output().expect("--ecr-prepare");
+    let printed = String::from_utf8_lossy(&prepared.stdout).to_string()
+        + &String::from_utf8_lossy(&prepared.stderr);
+    assert!(prepared.status.success(), "{printed}");
+    assert!(
+        printed.contains("created ECR repository cache/team/api")
+            && printed.contains("fill-mirror: ECR prepared for 1 copies, 0 failed"),
+        "{printed}"
+    );
+
+    // skopeo's container: the login from the shared file, no AWS credentials.
+    let copied = Command::new(&script)
+        .args(["--insecure", "--copies"])
+        .arg(&copies)
+        .env("REGISTRY_AUTH_FILE", &auth_file)
+        .output()
+        .expect("--copies");
+    let printed = String::from_utf8_lossy(&copied.stdout).to_string()
+        + &String::from_utf8_lossy(&copied.stderr);
+    assert!(copied.status.success(), "{printed}");
+    assert!(
+        printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped"),
+        "{printed}"
+    );
+    assert_eq!(
+        storage.digest_of("cache/team/api", "3").as_deref(),
+        Some(digest.as_str())
+    );
+}

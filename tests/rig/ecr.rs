@@ -1,0 +1,356 @@
+//! Amazon ECR for the fill job: the AWS API is moto's (PyPI `moto[server]`, a real emulator of
+//! ECR's API, not a stub), and the registry is a real `distribution` registry behind a front
+//! that behaves as ECR's registry endpoint does where the fill job can tell:
+//! - every request needs the credentials `aws ecr get-login-password` hands out (user `AWS`, the
+//!   password moto issues for the account: `<account>-auth-token`), else 401;
+//! - a repository ECR does not know (moto's `DescribeRepositories`) answers every request, a
+//!   push included, with ECR's `NAME_UNKNOWN` ("The repository with name '…' does not exist in
+//!   the registry with id '…'"), until `CreateRepository` has made it.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::registry::{TestRegistry, basic_auth};
+
+/// moto's default account, and so the registry id in ECR's texts and the login password.
+pub const ACCOUNT: &str = "123456789012";
+pub const REGION: &str = "eu-west-1";
+
+/// moto's server on loopback, stopped when dropped.
+pub struct Moto {
+    /// `http://127.0.0.1:PORT`: the AWS CLI's `AWS_ENDPOINT_URL`.
+    pub endpoint: String,
+    process: Child,
+}
+
+impl Moto {
+    pub fn start() -> anyhow::Result<Moto> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let process = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("moto_server (pip install 'moto[server]'): {e}"))?;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        while ureq::get(&format!("{endpoint}/moto-api/")).call().is_err() {
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(30),
+                "moto_server did not start"
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+        Ok(Moto { endpoint, process })
+    }
+
+    /// The environment the AWS CLI needs to reach this moto as the account's administrator.
+    pub fn environment(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", "testing".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
+            ("AWS_REGION", REGION.to_string()),
+        ]
+    }
+
+    /// ECR's API, as the CLI calls it.
+    pub fn ecr(&self, action: &str, body: &serde_json::Value) -> Result<serde_json::Value, String> {
+        ecr_api(&self.endpoint, action, body)
+    }
+
+    /// The repository, as `DescribeRepositories` gives it, if it exists.
+    pub fn repository(&self, name: &str) -> Option<serde_json::Value> {
+        describe_repository(&self.endpoint, name)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// ECR's API at `endpoint`, as the CLI calls it (JSON 1.1, signed for the region; moto reads
+/// the region from the signature's scope and checks nothing else).
+fn ecr_api(
+    endpoint: &str,
+    action: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    {
+        let authorization = format!(
+            "AWS4-HMAC-SHA256 Credential=testing/20260101/{REGION}/ecr/aws4_request, SignedHeaders=host, Signature=0"
+        );
+        match ureq::post(&format!("{endpoint}/"))
+            .set(
+                "X-Amz-Target",
+                &format!("AmazonEC2ContainerRegistry_V20150921.{action}"),
+            )
+            .set("Content-Type", "application/x-amz-json-1.1")
+            .set("Authorization", &authorization)
+            .send_string(&body.to_string())
+        {
+            Ok(answer) => {
+                let text = answer.into_string().map_err(|e| e.to_string())?;
+                serde_json::from_str(&text).map_err(|e| e.to_string())
+            }
+            Err(ureq::Error::Status(_, answer)) => Err(answer.into_string().unwrap_or_default()),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+}
+
+fn describe_repository(endpoint: &str, name: &str) -> Option<serde_json::Value> {
+    ecr_api(
+        endpoint,
+        "DescribeRepositories",
+        &serde_json::json!({"repositoryNames": [name]}),
+    )
+    .ok()?
+    .get("repositories")?
+    .get(0)
+    .cloned()
+}
+
+/// ECR's registry endpoint in front of `storage`, its repositories those moto knows.
+pub struct EcrRegistry {
+    /// `127.0.0.1:PORT`: the registry host, as images name it.
+    pub host: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl EcrRegistry {
+    pub fn start(storage: &TestRegistry, moto: &Moto) -> anyhow::Result<EcrRegistry> {
+        let server = tiny_http::Server::http("127.0.0.1:0")
+            .map_err(|e| anyhow::anyhow!("ECR front: {e}"))?;
+        let inner = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| anyhow::anyhow!("ECR front has no IP address"))?
+            .to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let host = plain_http_gate(&inner, stop.clone())?;
+        let front = Front {
+            host: host.clone(),
+            storage: storage.host.clone(),
+            moto: moto.endpoint.clone(),
+            agent: ureq::AgentBuilder::new()
+                .redirects(0)
+                .timeout(Duration::from_secs(30))
+                .build(),
+        };
+        let stopping = stop.clone();
+        thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                if let Ok(Some(request)) = server.recv_timeout(Duration::from_millis(50)) {
+                    front.answer(request);
+                }
+            }
+        });
+        Ok(EcrRegistry { host, stop })
+    }
+
+    /// The credentials `aws ecr get-login-password` gives for moto's account.
+    pub fn password() -> String {
+        format!("{ACCOUNT}-auth-token")
+    }
+}
+
+impl Drop for EcrRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+struct Front {
+    host: String,
+    storage: String,
+    /// moto's endpoint, where ECR's repositories are.
+    moto: String,
+    agent: ureq::Agent,
+}
+
+type Answer = tiny_http::Response<std::io::Cursor<Vec<u8>>>;
+
+fn answer(code: u16, headers: Vec<(String, String)>, body: Vec<u8>, length: usize) -> Answer {
+    let headers = headers
+        .into_iter()
+        .filter_map(|(name, value)| {
+            tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
+        })
+        .collect();
+    tiny_http::Response::new(
+        code.into(),
+        headers,
+        std::io::Cursor::new(body),
+        Some(length),
+        None,
+    )
+}
+
+fn json(code: u16, body: String) -> Answer {
+    let length = body.len();
+    let headers = vec![("Content-Type".to_string(), "application/json".to_string())];
+    answer(code, headers, body.into_bytes(), length)
+}
+
+impl Front {
+    fn answer(&self, mut request: tiny_http::Request) {
+        let headers: Vec<(String, String)> = request
+            .headers()
+            .iter()
+            .map(|h| {
+                (
+                    h.field.as_str().as_str().to_string(),
+                    h.value.as_str().to_string(),
+                )
+            })
+            .collect();
+        let header = |name: &str| -> Vec<String> {
+            headers
+                .iter()
+                .filter(|(field, _)| field.eq_ignore_ascii_case(name))
+                .map(|(_, value)| value.clone())
+                .collect()
+        };
+        let expected = basic_auth("AWS", &EcrRegistry::password());
+        if header("Authorization").first() != Some(&expected) {
+            let mut refused = json(
+                401,
+                r#"{"errors":[{"code":"DENIED","message":"Not Authorized"}]}"#.to_string(),
+            );
+            if let Ok(challenge) = tiny_http::Header::from_bytes(
+                &b"WWW-Authenticate"[..],
+                format!(
+                    "Basic realm=\"https://{}/\",service=\"ecr.amazonaws.com\"",
+                    self.host
+                )
+                .as_bytes(),
+            ) {
+                refused.add_header(challenge);
+            }
+            let _ = request.respond(refused);
+            return;
+        }
+        let url = request.url().to_string();
+        if let Some(repository) = repository_of(&url)
+            && describe_repository(&self.moto, repository).is_none()
+        {
+            let _ = request.respond(json(
+                404,
+                format!(
+                    r#"{{"errors":[{{"code":"NAME_UNKNOWN","message":"The repository with name '{repository}' does not exist in the registry with id '{ACCOUNT}'"}}]}}"#
+                ),
+            ));
+            return;
+        }
+        let method = request.method().as_str().to_string();
+        let mut body = Vec::new();
+        let _ = std::io::Read::read_to_end(request.as_reader(), &mut body);
+        let mut forwarded = self
+            .agent
+            .request(&method, &format!("http://{}{url}", self.storage));
+        for name in ["Content-Type", "Content-Range"] {
+            if let Some(value) = header(name).first() {
+                forwarded = forwarded.set(name, value);
+            }
+        }
+        let accept = header("Accept").join(", ");
+        if !accept.is_empty() {
+            forwarded = forwarded.set("Accept", &accept);
+        }
+        let reply = match forwarded.send_bytes(&body) {
+            Ok(reply) | Err(ureq::Error::Status(_, reply)) => reply,
+            Err(error) => {
+                let _ =
+                    request.respond(json(502, format!("{{\"error\":{:?}}}", error.to_string())));
+                return;
+            }
+        };
+        let code = reply.status();
+        let length: usize = reply
+            .header("Content-Length")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
+        let headers: Vec<(String, String)> = reply
+            .headers_names()
+            .into_iter()
+            .filter(|name| {
+                !["content-length", "transfer-encoding", "connection", "date"]
+                    .contains(&name.to_ascii_lowercase().as_str())
+            })
+            .filter_map(|name| {
+                let value = reply.header(&name)?.replace(&self.storage, &self.host);
+                Some((name, value))
+            })
+            .collect();
+        let mut data = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut reply.into_reader(), &mut data);
+        let length = if method == "HEAD" { length } else { data.len() };
+        let _ = request.respond(answer(code, headers, data, length));
+    }
+}
+
+/// A listener that relays plain HTTP to `inner` and closes a TLS handshake at once. skopeo
+/// with `--tls-verify=false` tries HTTPS first; a Go server on a plain port answers the
+/// handshake with an error at once, while tiny_http would wait for a request line, and the
+/// client for its 10-second TLS handshake timeout. Returns the listener's `127.0.0.1:PORT`.
+fn plain_http_gate(inner: &str, stop: Arc<AtomicBool>) -> anyhow::Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let host = listener.local_addr()?.to_string();
+    listener.set_nonblocking(true)?;
+    let inner = inner.to_string();
+    thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let Ok((client, _)) = listener.accept() else {
+                thread::sleep(Duration::from_millis(2));
+                continue;
+            };
+            let inner = inner.clone();
+            thread::spawn(move || {
+                let _ = client.set_nonblocking(false);
+                let mut first = [0u8; 1];
+                // 0x16: a TLS handshake record.
+                if client
+                    .peek(&mut first)
+                    .map_or(true, |n| n == 0 || first[0] == 0x16)
+                {
+                    return;
+                }
+                let Ok(server) = TcpStream::connect(&inner) else {
+                    return;
+                };
+                let (Ok(mut client_in), Ok(mut server_out)) =
+                    (client.try_clone(), server.try_clone())
+                else {
+                    return;
+                };
+                let (mut server_in, mut client_out) = (server, client);
+                let up = thread::spawn(move || {
+                    let _ = std::io::copy(&mut client_in, &mut server_out);
+                    let _ = server_out.shutdown(std::net::Shutdown::Write);
+                });
+                let _ = std::io::copy(&mut server_in, &mut client_out);
+                let _ = client_out.shutdown(std::net::Shutdown::Write);
+                let _ = up.join();
+            });
+        }
+    });
+    Ok(host)
+}
+
+/// The repository a registry API path names: `/v2/<repository>/(manifests|blobs|tags)/...`.
+fn repository_of(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v2/")?;
+    ["/manifests/", "/blobs/", "/tags/"]
+        .iter()
+        .filter_map(|marker| rest.find(marker))
+        .min()
+        .map(|end| &rest[..end])
+}
