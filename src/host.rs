@@ -104,9 +104,12 @@ pub fn read_host_error(text: &str, image: &str) -> LookupError {
         ));
     }
     // The backtrace is for the host's developers, never for a kubectl user.
+    // kwctl records only an error's first line, so under RUST_BACKTRACE=1 the backtrace may
+    // follow it directly: cut the blank line before it too.
     let text = text
         .find("\nStack backtrace:")
-        .map_or(text, |end| &text[..end]);
+        .map_or(text, |end| &text[..end])
+        .trim_end();
     let (head, causes) = match text.find("\n\nCaused by:") {
         Some(at) => (
             &text[..at],
@@ -235,7 +238,10 @@ fn envelope_messages(head: &str) -> Option<Vec<String>> {
 fn server_error(head: &str) -> Option<(&str, &str, &str)> {
     let rest = head.strip_prefix("Server error: url ")?;
     let (url, rest) = rest.split_once(", code: ")?;
-    let (code, message) = rest.split_once(", message: ").unwrap_or((rest, ""));
+    // An empty message leaves ", message:" last, its space trimmed with the text's end.
+    let (code, message) = rest
+        .split_once(", message:")
+        .map_or((rest, ""), |(code, message)| (code, message.trim_start()));
     Some((url, code, message))
 }
 
@@ -349,6 +355,13 @@ mod tests {
     #[rstest]
     #[case::absent(ABSENT_FULL, true, "registry: manifest unknown")]
     #[case::absent_with_backtrace(&format!("{ABSENT_FULL}{BACKTRACE}"), true, "registry: manifest unknown")]
+    // kwctl records and replays only the first line; under RUST_BACKTRACE=1 the backtrace then
+    // follows it directly (seen with kwctl 1.35 replaying a session it recorded).
+    #[case::first_line_only_with_backtrace(
+        &format!("{}{BACKTRACE}", ABSENT_FULL.split("\n\n").next().unwrap_or_default()),
+        true,
+        "registry: manifest unknown"
+    )]
     #[case::refused(
         REFUSED_FULL,
         false,
