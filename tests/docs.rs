@@ -227,3 +227,35 @@ fn every_settings_example_is_valid() {
         assert!(valid, "{place}: {message:?}\n{settings:#}");
     }
 }
+
+/// One figure per fact: every measured range of seconds the README and operations.md quote
+/// ("0.63-0.68 s") is one that performance.md, where the measurements are, states.
+#[test]
+fn quoted_measurements_are_the_ones_performance_md_states() {
+    let performance = read(&rig::root().join("docs/performance.md"));
+    let mut quoted = 0;
+    for page in ["README.md", "docs/operations.md"] {
+        let text = read(&rig::root().join(page));
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(" s") {
+            let before = &rest[..at];
+            let figure: String = before
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == '-')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if figure.contains('-') && figure.contains('.') && !figure.starts_with('-') {
+                quoted += 1;
+                assert!(
+                    performance.contains(&format!("{figure} s")),
+                    "{page} quotes {figure} s, which docs/performance.md does not state"
+                );
+            }
+            rest = &rest[at + 2..];
+        }
+    }
+    assert!(quoted >= 4, "{quoted} ranges quoted");
+}
