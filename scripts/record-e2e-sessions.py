@@ -43,7 +43,16 @@ HOSTS = {
     "mirror.example.com": "127.0.0.2",
     "eu.mirror.example.com": "127.0.0.3",
     "us.mirror.example.com": "127.0.0.4",
+    "123456789012.dkr.ecr.eu-west-1.amazonaws.com": "127.0.0.5",
+    # Docker Hub, as the host's client names it (docker.io -> index.docker.io).
+    "index.docker.io": "127.0.0.6",
 }
+
+
+def served_by(image):
+    """The host a lookup of `image` reaches."""
+    host = image.split("/")[0]
+    return "index.docker.io" if host == "docker.io" else host
 MARK = "# image-swapper e2e recordings"
 HEADER = ("# Recorded by real kwctl ({version}) against a CNCF distribution registry over TLS, under\n"
           "# this hostname: scripts/record-e2e-sessions.py {case}. A tookMilliseconds key (which\n"
@@ -103,8 +112,9 @@ class Rig:
             "-CAcreateserial", "-out", cert, "-days", "2", "-extfile", work / "ext.cnf")
         (work / "certs").mkdir()
         shutil.copy(ca, work / "certs" / "ca.crt")
+        # Keyed by the name in the image too: kwctl looks up docker.io's CA as docker.io.
         (work / "sources.yml").write_text(yaml.safe_dump({"source_authorities": {
-            host: [{"type": "Path", "path": str(ca)}] for host in HOSTS}}))
+            host: [{"type": "Path", "path": str(ca)}] for host in [*HOSTS, "docker.io"]}}))
         hosts = pathlib.Path("/etc/hosts").read_text()
         block = "".join(f"{address} {host} {MARK}\n" for host, address in HOSTS.items())
         pathlib.Path("/etc/hosts").write_text(hosts + block)
@@ -114,22 +124,32 @@ class Rig:
         hosts = pathlib.Path("/etc/hosts").read_text().splitlines(keepends=True)
         pathlib.Path("/etc/hosts").write_text("".join(l for l in hosts if MARK not in l))
 
-    def start(self, host):
+    def start(self, host, refusing=False):
+        """A registry for `host`; `refusing`: it requires credentials kwctl does not have."""
         storage = self.work / "storage" / host
         shutil.rmtree(storage, ignore_errors=True)
         config = self.work / f"{host}.yml"
-        config.write_text(yaml.safe_dump({
+        settings = {
             "version": 0.1, "storage": {"filesystem": {"rootdirectory": str(storage)},
                                          "delete": {"enabled": True}},
             "http": {"addr": f"{HOSTS[host]}:443",
                      "tls": {"certificate": str(self.work / "reg.pem"),
-                             "key": str(self.work / "reg.key")}}}))
+                             "key": str(self.work / "reg.key")}}}
+        if refusing:
+            htpasswd = self.work / "htpasswd"
+            # Any user will do: kwctl is given no credentials, and the registry refuses it.
+            hashed = "$2b$04$cjH9.rlDtRuB.FnDCo/SpuupPXAYKHorvfOmQACZw3di4n267Ku4C"
+            htpasswd.write_text(f"policy-server:{hashed}\n")
+            settings["auth"] = {"htpasswd": {"realm": "registry", "path": str(htpasswd)}}
+        config.write_text(yaml.safe_dump(settings))
         process = subprocess.Popen(["docker-registry", "serve", str(config)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.registries[host] = process
         for _ in range(100):
-            if subprocess.run(["curl", "-sf", "--cacert", str(self.work / "ca.pem"),
-                               f"https://{host}/v2/"], capture_output=True).returncode == 0:
+            answer = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                     "--cacert", str(self.work / "ca.pem"), f"https://{host}/v2/"],
+                                    capture_output=True, text=True).stdout
+            if answer in ("200", "401"):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"registry for {host} did not start")
@@ -140,15 +160,46 @@ class Rig:
             process.wait()
         self.registries = {}
 
-    def push(self, repository, tag, content):
+    def push(self, repository, tag, content, docker_v2=False):
         """Pushes an image of `content` as `repository:tag`, or, without a tag (the image is
-        asked for by digest), under a tag of its own; its digest."""
+        asked for by digest), under a tag of its own; as an OCI manifest, or converted to
+        Docker's v2 schema 2 (the same config, another manifest digest). Its digest."""
         layout = pathlib.Path(tempfile.mkdtemp(dir=self.work))
         digest = image_layout(layout, content)
-        tag = tag or digest.replace(":", "-")
-        run("skopeo", "copy", "--dest-cert-dir", str(self.work / "certs"),
-            f"oci:{layout}:x", f"docker://{repository}:{tag}")
+        tls = ["--dest-cert-dir", str(self.work / "certs")]
+        if repository.startswith("docker.io/"):
+            # skopeo sends docker.io names to Docker Hub itself: reach its stand-in by address.
+            repository = HOSTS["index.docker.io"] + repository[len("docker.io"):]
+            tls = ["--dest-tls-verify=false"]
+        destination = f"docker://{repository}:{tag or digest.replace(':', '-')}"
+        convert = ["--format", "v2s2"] if docker_v2 else []
+        run("skopeo", "copy", *convert, *tls, f"oci:{layout}:x", destination)
+        if docker_v2:
+            inspected = run("skopeo", "inspect", "--raw",
+                            *[t.replace("dest-", "") for t in tls], destination)
+            digest = "sha256:" + hashlib.sha256(inspected.stdout.encode()).hexdigest()
         return digest
+
+
+# Cases whose registries hold images in a relationship a session's answers cannot say: each
+# seeds them itself.
+def seed_verify_source_reencoded(rig):
+    """The mirror holds an OCI copy of a source image served as Docker v2: same config, two
+    manifest digests."""
+    rig.push("mirror.example.com/dockerhub/library/nginx", "1.27", "nginx 1.27, re-encoded")
+    rig.push("docker.io/library/nginx", "1.27", "nginx 1.27, re-encoded", docker_v2=True)
+
+
+def seed_verify_source_stale(rig):
+    """The source's tag moved on to other content since the mirror copied it."""
+    rig.push("mirror.example.com/dockerhub/library/nginx", "1.27", "nginx 1.27 as it was")
+    rig.push("docker.io/library/nginx", "1.27", "nginx 1.27 as it is now")
+
+
+SEEDS = {
+    "verify-source-reencoded": seed_verify_source_reencoded,
+    "verify-source-stale": seed_verify_source_stale,
+}
 
 
 def split(image):
@@ -172,6 +223,8 @@ def exchanges(session):
         elif "Connection refused" in response["message"] or \
                 "error sending request for url" in response["message"]:
             state = ("down", None)
+        elif "Not authorized: url" in response["message"]:
+            state = ("refusing", None)
         elif "OCI API error: manifest unknown]" in response["message"]:
             state = ("absent", None)
         else:
@@ -194,27 +247,33 @@ def case_files(case):
 def recordable(case):
     session = case_files(case)[0] / "session.yml"
     found = exchanges(session) if session.exists() else []
-    return bool(found) and all(tag == "OciManifestDigest" and image.split("/")[0] in HOSTS
-                               and state[0] != "other" for tag, image, state in found)
+    return case in SEEDS or bool(found) and all(
+        tag == "OciManifestDigest" and served_by(image) in HOSTS and state[0] != "other"
+        for tag, image, state in found)
 
 
 def record(rig, case, version):
     directory, request, settings, files = case_files(case)
     old = exchanges(directory / "session.yml")
-    hosts = {image.split("/")[0] for _, image, _ in old}
-    down = {image.split("/")[0] for _, image, (state, _) in old if state == "down"}
+    hosts = {served_by(image) for _, image, _ in old}
+    down = {served_by(image) for _, image, (state, _) in old if state == "down"}
+    refusing = {served_by(image) for _, image, (state, _) in old if state == "refusing"}
     for host in sorted(hosts - down):
-        rig.start(host)
-    digests = {digest: None for _, _, (state, digest) in old if state == "present"}
+        rig.start(host, refusing=host in refusing)
     texts = {path: path.read_text() for path in files}
-    for n, (_, image, (state, digest)) in enumerate(old):
-        if state == "present" and digests[digest] is None:
-            repository, tag = split(image)
-            digests[digest] = rig.push(repository, tag, f"{case} {n} {image}")
+    digests = {digest: None for tag, _, (state, digest) in old
+               if state == "present" and tag == "OciManifestDigest"}
+    if case in SEEDS:
+        SEEDS[case](rig)
+    else:
+        for n, (_, image, (state, digest)) in enumerate(old):
+            if state == "present" and digests[digest] is None:
+                repository, tag = split(image)
+                digests[digest] = rig.push(repository, tag, f"{case} {n} {image}")
     for path in files:
         text = texts[path]
         for before, after in digests.items():
-            text = text.replace(before, after)
+            text = text.replace(before, after) if after else text
         path.write_text(text)
     session = directory / "session.yml.recorded"
     output = subprocess.run(
@@ -225,10 +284,21 @@ def record(rig, case, version):
          str(ROOT / "annotated-policy.wasm")], capture_output=True, text=True)
     rig.stop()
     new = exchanges(session) if session.exists() else []
+    if case in SEEDS:
+        # The digests the registries answered, in the order the old session had its own.
+        answered = [digest for tag, _, (state, digest) in new
+                    if state == "present" and tag == "OciManifestDigest"]
+        for before, after in zip(list(digests), answered):
+            digests[before] = after
+        for path in files:
+            text = texts[path]
+            for before, after in digests.items():
+                text = text.replace(before, after) if after else text
+            path.write_text(text)
     asked_before = [(tag, image) for tag, image, _ in old]
     asked_now = [(tag, image) for tag, image, _ in new]
     for before, after in digests.items():
-        asked_before = [(t, i.replace(before, after)) for t, i in asked_before]
+        asked_before = [(t, i.replace(before, after) if after else i) for t, i in asked_before]
     if output.returncode != 0 or asked_now != asked_before:
         for path, text in texts.items():
             path.write_text(text)
