@@ -140,6 +140,11 @@ fn main() {
     }
     let root = rig::root();
     let policy = rig::policy();
+    // `BENCH_ONLY=ordered make bench`: ordered mirrors at a distance only.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("ordered") {
+        distance(policy, true);
+        return;
+    }
     let floor = WasmPolicy::load(&root.join("target/floor-policy.wasm"))
         .expect("target/floor-policy.wasm (make bench builds it)");
     let size = |name: &str| {
