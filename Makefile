@@ -5,10 +5,10 @@ KWCTL ?= kwctl
 SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
 # Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq, and skopeo
 # (the rig's tag-filled cache copies with it; so does the fill job). From PyPI: moto's server
-# and the AWS CLI, for the fill job on ECR (scripts/ensure-python-tools.sh).
+# and the AWS CLI, for the fill job on ECR (scripts/ensure-python-tools.sh, `make test-deps`).
 TEST_PACKAGES := docker-registry bats jq skopeo
 
-.PHONY: deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
+.PHONY: deps test-deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
 
 # Picks rustup's wasm32-wasip1 target when installed, else Debian's offline kit; says which.
 policy.wasm: $(SOURCES)
@@ -19,13 +19,16 @@ annotated-policy.wasm: policy.wasm metadata.yml README.md | check-kwctl
 
 deps:
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
+
+# What `make test` needs beside them: moto's server and the AWS CLI, for the fill job on ECR.
+test-deps: deps
 	scripts/ensure-python-tools.sh
 
 # Unit tests, then the built module in a wasm host against real registries on loopback; the
 # tests whose registries are far away run under the rig's host model of policy-server 1.35 (the
 # default), then again under 1.31's (tests/distance.rs runs both itself).
 FAR_TESTS := --test verify_source --test audit --test prune_wave
-test: deps policy.wasm
+test: test-deps policy.wasm
 	$(CARGO) test --locked
 	RIG_POLICY_SERVER=1.31 $(CARGO) test --locked $(FAR_TESTS)
 
