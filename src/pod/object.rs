@@ -19,6 +19,20 @@ pub(super) fn container_mut<'v>(
         .as_object_mut()
 }
 
+/// Every container of the Pod's three lists, in order, as (name, image); one without either is
+/// skipped.
+pub(super) fn named_images(object: &Value) -> impl Iterator<Item = (&str, &str)> {
+    super::candidates::CONTAINER_LISTS
+        .into_iter()
+        .flat_map(|list| container_list(object, list).into_iter().flatten())
+        .filter_map(|container| {
+            Some((
+                container.get("name")?.as_str()?,
+                container.get("image")?.as_str()?,
+            ))
+        })
+}
+
 pub(super) fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
     object
         .get("metadata")?

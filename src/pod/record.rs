@@ -9,8 +9,7 @@ use serde_json::{Map, Value};
 use crate::rules::Router;
 
 use super::Swap;
-use super::candidates::CONTAINER_LISTS;
-use super::object::{annotation, container_list, object_entry};
+use super::object::{annotation, named_images, object_entry};
 
 /// The annotation that records, for each swapped container, the image the Pod asked for.
 pub const ORIGINAL_IMAGES_ANNOTATION: &str = "image-swapper.kubewarden.io/original-images";
@@ -45,21 +44,13 @@ pub(super) fn record_original_images(object: &mut Value, swaps: &[Swap], router:
         .map(|s| (s.name.as_str(), s.original.as_str()))
         .collect();
     let mut originals: BTreeMap<&str, &str> = BTreeMap::new();
-    for list in CONTAINER_LISTS {
-        for container in container_list(object, list).into_iter().flatten() {
-            let (Some(name), Some(image)) = (
-                container.get("name").and_then(Value::as_str),
-                container.get("image").and_then(Value::as_str),
-            ) else {
-                continue;
-            };
-            if let Some(original) = swapped.get(name) {
-                originals.insert(name, original);
-            } else if let Some(original) = existing.get(name)
-                && router.is_swap_of(original, image)
-            {
-                originals.insert(name, original);
-            }
+    for (name, image) in named_images(object) {
+        if let Some(original) = swapped.get(name) {
+            originals.insert(name, original);
+        } else if let Some(original) = existing.get(name)
+            && router.is_swap_of(original, image)
+        {
+            originals.insert(name, original);
         }
     }
     let updated =

@@ -17,9 +17,8 @@ use serde_json::{Map, Value, json};
 use crate::decide::check::source_image;
 use crate::policy::Policy;
 
-use super::candidates::CONTAINER_LISTS;
 use super::copies::fill_command;
-use super::object::{annotation, container_list, object_entry};
+use super::object::{annotation, named_images, object_entry};
 
 /// Per container: the source image as the container names it, the mirror image wanted (the first
 /// target's), and the copy that fills it.
@@ -70,25 +69,17 @@ pub(super) fn record_unmirrored(
     let carried = previous.map(recorded).unwrap_or_default();
     let mut entries = Map::new();
     let mut size = 2;
-    for list in CONTAINER_LISTS {
-        for container in container_list(object, list).into_iter().flatten() {
-            let (Some(name), Some(image)) = (
-                container.get("name").and_then(Value::as_str),
-                container.get("image").and_then(Value::as_str),
-            ) else {
+    for (name, image) in named_images(object) {
+        let still = carried.get(name).is_some_and(|source| source == image);
+        if (absent.contains(image) || still)
+            && let Some(entry) = entry(image, policy)
+        {
+            let entry_size = name.len() + entry.to_string().len() + 4;
+            if size + entry_size > RECORD_MAX_BYTES {
                 continue;
-            };
-            let still = carried.get(name).is_some_and(|source| source == image);
-            if (absent.contains(image) || still)
-                && let Some(entry) = entry(image, policy)
-            {
-                let entry_size = name.len() + entry.to_string().len() + 4;
-                if size + entry_size > RECORD_MAX_BYTES {
-                    continue;
-                }
-                size += entry_size;
-                entries.insert(name.to_string(), entry);
             }
+            size += entry_size;
+            entries.insert(name.to_string(), entry);
         }
     }
     let text = (!entries.is_empty()).then(|| Value::Object(entries).to_string());
