@@ -127,15 +127,9 @@ pub struct EcrRegistry {
 
 impl EcrRegistry {
     pub fn start(storage: &TestRegistry, moto: &Moto) -> anyhow::Result<EcrRegistry> {
-        let server = tiny_http::Server::http("127.0.0.1:0")
-            .map_err(|e| anyhow::anyhow!("ECR front: {e}"))?;
-        let inner = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| anyhow::anyhow!("ECR front has no IP address"))?
-            .to_string();
-        let stop = Arc::new(AtomicBool::new(false));
-        let host = plain_http_gate(&inner, stop.clone())?;
+        // The gate's address is the one images name, and the front rewrites redirects to it.
+        let gate = TcpListener::bind("127.0.0.1:0")?;
+        let host = gate.local_addr()?.to_string();
         let front = Front {
             host: host.clone(),
             storage: storage.host.clone(),
@@ -145,14 +139,8 @@ impl EcrRegistry {
                 .timeout(Duration::from_secs(30))
                 .build(),
         };
-        let stopping = stop.clone();
-        thread::spawn(move || {
-            while !stopping.load(Ordering::Relaxed) {
-                if let Ok(Some(request)) = server.recv_timeout(Duration::from_millis(50)) {
-                    front.answer(request);
-                }
-            }
-        });
+        let (inner, stop) = super::front::serve("ECR front", move |request| front.answer(request))?;
+        plain_http_gate(gate, &inner, stop.clone())?;
         Ok(EcrRegistry { host, stop })
     }
 
@@ -300,10 +288,12 @@ impl Front {
 /// A listener that relays plain HTTP to `inner` and closes a TLS handshake at once. skopeo
 /// with `--tls-verify=false` tries HTTPS first; a Go server on a plain port answers the
 /// handshake with an error at once, while tiny_http would wait for a request line, and the
-/// client for its 10-second TLS handshake timeout. Returns the listener's `127.0.0.1:PORT`.
-fn plain_http_gate(inner: &str, stop: Arc<AtomicBool>) -> anyhow::Result<String> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let host = listener.local_addr()?.to_string();
+/// client for its 10-second TLS handshake timeout.
+fn plain_http_gate(
+    listener: TcpListener,
+    inner: &str,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
     listener.set_nonblocking(true)?;
     let inner = inner.to_string();
     thread::spawn(move || {
@@ -342,7 +332,7 @@ fn plain_http_gate(inner: &str, stop: Arc<AtomicBool>) -> anyhow::Result<String>
             });
         }
     });
-    Ok(host)
+    Ok(())
 }
 
 /// The repository a registry API path names: `/v2/<repository>/(manifests|blobs|tags)/...`.

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test crate uses a different part of the rig
 
 pub mod ecr;
+pub mod front;
 pub mod hanging;
 pub mod hosts;
 pub mod images;

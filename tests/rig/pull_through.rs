@@ -8,7 +8,6 @@
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread;
 use std::time::Duration;
 
 use super::registry::TestRegistry;
@@ -28,15 +27,7 @@ pub struct TagFilledCache {
 impl TagFilledCache {
     /// A cache of `upstream`, stored in `storage` (a plain registry of its own).
     pub fn start(upstream: &TestRegistry, storage: &TestRegistry) -> anyhow::Result<Self> {
-        let server = tiny_http::Server::http("127.0.0.1:0")
-            .map_err(|e| anyhow::anyhow!("cache front: {e}"))?;
-        let host = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| anyhow::anyhow!("cache front has no IP address"))?
-            .to_string();
         let fills = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
         let front = Front {
             upstream: upstream.host.clone(),
             storage: storage.host.clone(),
@@ -45,14 +36,8 @@ impl TagFilledCache {
                 .timeout(Duration::from_secs(20))
                 .build(),
         };
-        let stopping = stop.clone();
-        thread::spawn(move || {
-            while !stopping.load(Ordering::Relaxed) {
-                if let Ok(Some(request)) = server.recv_timeout(Duration::from_millis(50)) {
-                    front.answer(request);
-                }
-            }
-        });
+        let (host, stop) =
+            super::front::serve("cache front", move |request| front.answer(request))?;
         Ok(TagFilledCache { host, fills, stop })
     }
 }
