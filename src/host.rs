@@ -11,8 +11,12 @@
 
 use kubewarden_policy_sdk::Error;
 use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
+use kubewarden_policy_sdk::host_capabilities::verification::{
+    self, KeylessInfo, KeylessPrefixInfo, VerificationResponse,
+};
 
 use crate::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry, registry_host};
+use crate::signatures::Verification;
 use crate::text::truncated;
 
 /// How registries word "no such manifest or repository" in the `message` of their error
@@ -327,6 +331,129 @@ impl Registry for KubewardenHost {
             Err(error) => Err(lookup_error(error, image)),
         }
     }
+
+    fn verify(
+        &mut self,
+        image: &str,
+        verification: &Verification<'_>,
+    ) -> Result<String, LookupError> {
+        match verify_on_host(image, verification) {
+            Ok(answer) if answer.is_trusted => Ok(answer.digest),
+            Ok(_) => Err(LookupError::Unverified(
+                "policy-server answered that it is not trusted".to_string(),
+            )),
+            Err(Error::HostCall { source, .. }) => {
+                Err(read_verification_error(&source.to_string(), image))
+            }
+            Err(other) => Err(lookup_error(other, image)),
+        }
+    }
+}
+
+/// Asks the host (`oci/v2/verify`) as verify-image-signatures asks it, one call per
+/// verification; the SDK's helpers take owned lists, so the rule's are copied per call.
+fn verify_on_host(
+    image: &str,
+    verification: &Verification<'_>,
+) -> kubewarden_policy_sdk::error::Result<VerificationResponse> {
+    match *verification {
+        Verification::PubKeys { keys, annotations } => {
+            verification::verify_pub_keys_image(image, keys.to_vec(), annotations.cloned())
+        }
+        Verification::Keyless {
+            identities,
+            annotations,
+        } => verification::verify_keyless_exact_match(
+            image,
+            identities
+                .iter()
+                .map(|(issuer, subject)| KeylessInfo {
+                    issuer: issuer.clone(),
+                    subject: subject.clone(),
+                })
+                .collect(),
+            annotations.cloned(),
+        ),
+        Verification::KeylessPrefix {
+            prefixes,
+            annotations,
+        } => verification::verify_keyless_prefix_match(
+            image,
+            prefixes
+                .iter()
+                .map(|(issuer, url_prefix)| KeylessPrefixInfo {
+                    issuer: issuer.clone(),
+                    url_prefix: url_prefix.clone(),
+                })
+                .collect(),
+            annotations.cloned(),
+        ),
+        Verification::GithubActions {
+            owner,
+            repo,
+            annotations,
+        } => verification::verify_keyless_github_actions(
+            image,
+            owner.to_string(),
+            repo.map(str::to_string),
+            annotations.cloned(),
+        ),
+        Verification::Certificate {
+            certificate,
+            chain,
+            require_rekor_bundle,
+            annotations,
+        } => verification::verify_certificate(
+            image,
+            certificate.to_string(),
+            chain.map(<[String]>::to_vec),
+            require_rekor_bundle,
+            annotations.cloned(),
+        ),
+    }
+}
+
+/// How the host words a verification that was made and did not hold, or could not be made
+/// (policy-fetcher `verify/mod.rs` and `verify/errors.rs`, policy-evaluator
+/// `sigstore_verification.rs`, sigstore-rs 0.13 `cosign/client.rs`, all at v1.35.0):
+///
+/// - `no signatures found for image: IMAGE ` (no `sha256-<hex>.sig` tag beside the image),
+///   `Image verification failed: ...` (signatures there, none satisfies the rule; the lines
+///   after it list the rule), `verification failed: ...` (a certificate's), and
+///   `failed to get image trusted layers: No Signature Layer passed verification` (signature
+///   layers that name another digest) are [`LookupError::Unverified`], in the first line;
+/// - `failed to get image trusted layers: Cannot fetch manifest of IMAGE: E`, the image's own
+///   lookup, is read as a lookup's text E is: absent when the registry says so;
+/// - anything else is a lookup error.
+pub fn read_verification_error(text: &str, image: &str) -> LookupError {
+    let stripped = strip_prefixes(text);
+    if denied_capability(stripped).is_some() {
+        return read_host_error(text, image);
+    }
+    let first = stripped.lines().next().unwrap_or_default().trim_end();
+    const UNVERIFIED: [&str; 3] = [
+        "no signatures found for image",
+        "Image verification failed",
+        "verification failed: ",
+    ];
+    if UNVERIFIED.iter().any(|start| first.starts_with(start)) {
+        return LookupError::Unverified(bounded(first));
+    }
+    if let Some(rest) = first.strip_prefix("failed to get image trusted layers: ") {
+        if rest.starts_with("No Signature Layer passed verification") {
+            return LookupError::Unverified(format!(
+                "{}: no signature there names the image's digest",
+                bounded(rest)
+            ));
+        }
+        if let Some(fetch) = rest.strip_prefix("Cannot fetch manifest of ")
+            && let Some((_, said)) = fetch.split_once(": ")
+        {
+            return read_host_error(said, image);
+        }
+        return LookupError::Failed(bounded(first));
+    }
+    read_host_error(text, image)
 }
 
 /// A failed host call: the host's text, read for "absent"; any other SDK error (an answer
@@ -574,5 +701,42 @@ mod tests {
             panic!("not a failure");
         };
         assert!(line.chars().count() <= TEXT_MAX + 1, "{}", line.len());
+    }
+
+    /// The host's words for a verification, whole as policy-server 1.35 sends them (the
+    /// `Image verification failed` text goes on with the rule in YAML).
+    #[rstest]
+    #[case::no_signature_tag(
+        "Callback evaluation failure: no signatures found for image: m.io/hub/app:1 ",
+        "unverified no signatures found for image: m.io/hub/app:1"
+    )]
+    #[case::signatures_satisfy_nothing(
+        "Callback evaluation failure: Image verification failed: missing signatures\nThe following constraints were not satisfied:\nkind: pubKey\nowner: null\nkey: |\n  -----BEGIN PUBLIC KEY-----\n  MFkw\n  -----END PUBLIC KEY-----\nannotations: null\n",
+        "unverified Image verification failed: missing signatures"
+    )]
+    #[case::certificate(
+        "Callback evaluation failure: verification failed: Several Signature Layers failed verification",
+        "unverified verification failed: Several Signature Layers failed verification"
+    )]
+    #[case::signature_of_another_digest(
+        "Callback evaluation failure: failed to get image trusted layers: No Signature Layer passed verification\n\nCaused by:\n    No Signature Layer passed verification",
+        "unverified No Signature Layer passed verification: no signature there names the image's digest"
+    )]
+    #[case::image_absent(
+        "Callback evaluation failure: failed to get image trusted layers: Cannot fetch manifest of m.io/hub/app:1: Registry error: url https://m.io/v2/hub/app/manifests/1, envelope: OCI API errors: [OCI API error: manifest unknown]\n\nCaused by:\n    Cannot fetch manifest of m.io/hub/app:1: Registry error: url https://m.io/v2/hub/app/manifests/1, envelope: OCI API errors: [OCI API error: manifest unknown]",
+        "absent registry: manifest unknown"
+    )]
+    #[case::registry_down(
+        "Callback evaluation failure: failed to get image trusted layers: Cannot fetch manifest of m.io/hub/app:1: error sending request for url (https://m.io/v2/)",
+        "failed error sending request for url (https://m.io/v2/)"
+    )]
+    fn verification_texts_are_read_for_what_they_say(#[case] text: &str, #[case] expected: &str) {
+        let read = match read_verification_error(text, "m.io/hub/app:1") {
+            LookupError::Unverified(why) => format!("unverified {why}"),
+            LookupError::Absent(why) => format!("absent {why}"),
+            LookupError::Failed(why) => format!("failed {why}"),
+            LookupError::OverBudget(refusal) => format!("budget {refusal:?}"),
+        };
+        assert_eq!(read, expected);
     }
 }

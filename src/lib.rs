@@ -13,6 +13,7 @@ pub mod reference;
 pub mod registry;
 pub mod rules;
 pub mod settings;
+pub mod signatures;
 pub mod text;
 
 use guest::prelude::*;

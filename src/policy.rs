@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::rules::Router;
+use crate::signatures::SignatureRule;
 
 /// The settings, validated and ready for decisions.
 #[derive(Debug, Clone)]
@@ -29,6 +30,10 @@ pub struct Policy {
     /// The check role: also check admissions (`mode: protect`), not only the audit scanner's
     /// requests.
     pub check_admissions: bool,
+    /// `signatures`: the images that must verify at their mirror name before a swap.
+    pub signatures: Vec<SignatureRule>,
+    /// A mirror copy that does not verify: keep the source, or refuse the Pod.
+    pub on_unverified: Fallback,
 }
 
 /// The module's two roles, one setting apart so that operators copy one block of settings.

@@ -4,6 +4,7 @@
 //! other.
 
 use crate::policy::Platform;
+use crate::signatures::Verification;
 
 /// The registry lookups a decision needs; Kubewarden's OCI host capabilities in the policy
 /// module, an in-memory table in unit tests.
@@ -12,6 +13,14 @@ pub trait Registry {
     fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError>;
     /// The manifest or index itself (`v1/oci_manifest`), for `verifySource`.
     fn manifest(&mut self, image: &str) -> Result<Manifest, LookupError>;
+    /// Verifies `image`'s cosign signatures as `verification` asks (`v2/verify`), and answers
+    /// the digest that verified: it stands in for the existence lookup of `image`. A copy that
+    /// is there but does not verify is [`LookupError::Unverified`].
+    fn verify(
+        &mut self,
+        image: &str,
+        verification: &Verification<'_>,
+    ) -> Result<String, LookupError>;
     /// Whether the lookups of `images`, made in that order, are likely to end within the
     /// admission's lookup budget; asked before a decision starts a sequence of lookups, so that
     /// none is spent on a decision the budget would then cut short. Without a budget, always.
@@ -126,6 +135,9 @@ impl IndexEntry {
 pub enum LookupError {
     Absent(String),
     Failed(String),
+    /// Verified, and it did not verify: the image is there (or its signature is not), but no
+    /// signature satisfies the rule. The host's words.
+    Unverified(String),
     /// Not asked: the admission's lookup budget would likely have run out first.
     OverBudget(Refusal),
 }

@@ -86,6 +86,19 @@ impl Registry for FuzzRegistry<'_> {
             _ => Err(LookupError::Failed("refused".to_string())),
         }
     }
+
+    /// Verifications answer like digest lookups, and sometimes refuse.
+    fn verify(
+        &mut self,
+        image: &str,
+        _verification: &image_swapper_policy::signatures::Verification<'_>,
+    ) -> Result<String, LookupError> {
+        if self.script.get(self.calls % self.script.len().max(1)) == Some(&255) {
+            self.next();
+            return Err(LookupError::Unverified("no signatures found".to_string()));
+        }
+        self.manifest_digest(image)
+    }
 }
 
 fn images(object: &Value) -> Vec<(String, String)> {

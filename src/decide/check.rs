@@ -10,7 +10,8 @@ use crate::registry::{LookupError, Refusal, Registry};
 use crate::rules::Router;
 use crate::text::quote;
 
-use super::{Routed, joined, route, verified_digest};
+use super::{Routed, joined, mirror_digest, route, verified_digest};
+use crate::signatures::{Verification, verifications_for};
 
 /// A mirror image, as the lookup that asks the mirror for exactly what a node pulls.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +51,10 @@ impl MirrorImage {
 /// and each target's lookup, in the rule's order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceImage {
+    /// The image as the Pod writes it: what the rules of `signatures` match.
+    pub written: String,
+    /// The source repository, normalised (`docker.io/library/nginx`).
+    pub name: String,
     /// `name@digest` when the image names a digest (what the kubelet pulls), else `name:tag`:
     /// what a copy reads from the source.
     pub source: String,
@@ -73,7 +78,12 @@ pub fn source_image(image: &str, policy: &Policy) -> Option<SourceImage> {
         .iter()
         .map(|target| MirrorImage::under(&target.repository, &reference))
         .collect();
-    Some(SourceImage { source, targets })
+    Some(SourceImage {
+        written: image.to_string(),
+        name: reference.name().to_string(),
+        source,
+        targets,
+    })
 }
 
 /// The mirror image `image` names, when it lies under a configured target in any spelling a
@@ -97,6 +107,14 @@ pub enum Presence {
     NotChecked(String),
     /// Not asked: the lookup budget would likely have run out first, and why.
     OverBudget(Refusal),
+    /// A source image a target holds, but whose copy there does not verify under
+    /// `signatures`: the target (its index), the host's words, and the digest the target
+    /// serves when it was learned, which names the signature tag to copy. A finding.
+    Unverified {
+        target: usize,
+        answer: String,
+        digest: Option<String>,
+    },
 }
 
 /// What the check asks about one distinct image of the Pod.
@@ -129,10 +147,13 @@ impl CheckedImage {
         }
     }
 
-    pub fn check(&self, registry: &mut impl Registry) -> Presence {
+    pub fn check(&self, policy: &Policy, registry: &mut impl Registry) -> Presence {
         match self {
             CheckedImage::Mirror(image) => check(image, registry),
-            CheckedImage::Source(image) => check_source(image, registry),
+            CheckedImage::Source(image) => {
+                let verifications = verifications_for(&policy.signatures, &image.written);
+                check_source(image, &verifications, registry)
+            }
         }
     }
 }
@@ -140,12 +161,29 @@ impl CheckedImage {
 /// Asks each target for the source image, in order, until one holds it. `Gone` when every
 /// target said it lacks it, with each target's answer; `NotChecked` when none holds it and one
 /// could not be asked (it may hold it); `OverBudget` when a lookup was not made.
-pub fn check_source(image: &SourceImage, registry: &mut impl Registry) -> Presence {
+///
+/// With `verifications` (the rules of `signatures` that match it), a target holds the image
+/// only when its copy verifies: one that is there unverified is remembered, and reported when
+/// no target serves, with the copy that brings its signature.
+pub fn check_source(
+    image: &SourceImage,
+    verifications: &[Verification<'_>],
+    registry: &mut impl Registry,
+) -> Presence {
     let mut gone = Vec::new();
     let mut failed = None;
-    for target in &image.targets {
-        match check(target, registry) {
+    let mut unverified = None;
+    for (at, target) in image.targets.iter().enumerate() {
+        let presence = if verifications.is_empty() {
+            check(target, registry)
+        } else {
+            check_verified(at, target, verifications, registry)
+        };
+        match presence {
             Presence::Present => return Presence::Present,
+            found @ Presence::Unverified { .. } => {
+                unverified.get_or_insert(found);
+            }
             Presence::Gone(answer) => gone.push((target, answer)),
             // The message names the first target it asked; a reason from another says which.
             Presence::NotChecked(why) if image.targets.len() == 1 => {
@@ -156,6 +194,9 @@ pub fn check_source(image: &SourceImage, registry: &mut impl Registry) -> Presen
             }
             Presence::OverBudget(refusal) => return Presence::OverBudget(refusal),
         }
+    }
+    if let Some(found) = unverified {
+        return found;
     }
     if let Some(why) = failed {
         return Presence::NotChecked(why);
@@ -180,6 +221,43 @@ pub fn check(image: &MirrorImage, registry: &mut impl Registry) -> Presence {
             )),
             _ => Presence::Present,
         },
+        Err(LookupError::Absent(why)) => Presence::Gone(why),
+        Err(LookupError::Failed(why) | LookupError::Unverified(why)) => Presence::NotChecked(why),
+        Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
+    }
+}
+
+/// Asks the target to verify the source image's copy. One that does not verify is looked up
+/// once more, when the budget allows, for the digest that names its signature tag (the host's
+/// refusal does not say it), unless the image pins it.
+fn check_verified(
+    at: usize,
+    target: &MirrorImage,
+    verifications: &[Verification<'_>],
+    registry: &mut impl Registry,
+) -> Presence {
+    match mirror_digest(registry, &target.lookup, verifications) {
+        Ok(answer) => match target.digest() {
+            Some(digest) if digest != answer => Presence::NotChecked(format!(
+                "the mirror answered digest {answer} for {}",
+                quote(&target.lookup)
+            )),
+            _ => Presence::Present,
+        },
+        Err(LookupError::Unverified(answer)) => {
+            let digest = match target.digest() {
+                Some(digest) => Some(digest.to_string()),
+                None if registry.would_fit(&[&target.lookup]) => {
+                    verified_digest(registry, &target.lookup).ok()
+                }
+                None => None,
+            };
+            Presence::Unverified {
+                target: at,
+                answer,
+                digest,
+            }
+        }
         Err(LookupError::Absent(why)) => Presence::Gone(why),
         Err(LookupError::Failed(why)) => Presence::NotChecked(why),
         Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
@@ -280,7 +358,7 @@ mod tests {
     fn a_source_image_is_present_when_any_target_holds_it() {
         let image = source("quay.io/org/app:2").expect("routed");
         let mut registry = FakeRegistry::default().with("us.m.io/quay/org/app:2", Ok(DIGEST_A));
-        assert_eq!(check_source(&image, &mut registry), Presence::Present);
+        assert_eq!(check_source(&image, &[], &mut registry), Presence::Present);
         assert_eq!(
             registry.asked,
             ["eu.m.io/quay/org/app:2", "us.m.io/quay/org/app:2"]
@@ -288,14 +366,14 @@ mod tests {
 
         let mut registry = FakeRegistry::default();
         assert_eq!(
-            check_source(&image, &mut registry),
+            check_source(&image, &[], &mut registry),
             Presence::Gone("\"eu.m.io/quay/org/app:2\": manifest unknown; \"us.m.io/quay/org/app:2\": manifest unknown".to_string())
         );
 
         let failed = LookupError::Failed("connection refused".to_string());
         let mut registry = FakeRegistry::default().with("eu.m.io/quay/org/app:2", Err(failed));
         assert_eq!(
-            check_source(&image, &mut registry),
+            check_source(&image, &[], &mut registry),
             Presence::NotChecked("\"eu.m.io/quay/org/app:2\": connection refused".to_string())
         );
     }

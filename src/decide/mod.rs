@@ -12,6 +12,7 @@ use crate::policy::{Policy, SwapPolicy};
 use crate::reference::{Reference, parse_digest};
 use crate::registry::{LookupError, Registry, registry_host};
 use crate::rules::{Destination, Route};
+use crate::signatures::Verification;
 use crate::text::quote;
 
 /// Why an image was not swapped as asked, in a word: the audit annotations' reason codes.
@@ -35,6 +36,9 @@ pub enum Reason {
     SourceUnverified,
     /// Swapped to a later mirror of the list: an earlier one could not be asked.
     EarlierMirrorFailed,
+    /// The mirror's copy does not verify under `signatures` (unsigned, or its signature not
+    /// copied to the mirror).
+    Unverified,
 }
 
 impl Reason {
@@ -49,6 +53,7 @@ impl Reason {
             Reason::Unroutable => "unroutable",
             Reason::SourceUnverified => "source-unverified",
             Reason::EarlierMirrorFailed => "earlier-mirror-failed",
+            Reason::Unverified => "unverified",
         }
     }
 }
@@ -65,6 +70,9 @@ pub struct Note {
     pub learned: Option<String>,
     /// Why the budget did not start the lookup, for the same message.
     pub refusal: Option<crate::registry::Refusal>,
+    /// When the mirror's copy did not verify: the digest it serves, when known, which names
+    /// the signature tag the fill job copies.
+    pub unverified_digest: Option<String>,
 }
 
 impl Note {
@@ -75,6 +83,7 @@ impl Note {
             mirrors: Vec::new(),
             learned: None,
             refusal: None,
+            unverified_digest: None,
         }
     }
 }
@@ -221,6 +230,49 @@ fn joined(left: &str, separator: char, right: &str) -> String {
     text
 }
 
+/// The digest the mirror serves for `lookup`: an existence lookup, or, when `verifications` is
+/// not empty (`signatures` has rules for the image), each verification of `lookup` in turn,
+/// which all must hold and name one digest. A verification names the digest it verified, so it
+/// stands in for the existence lookup: the copy is there, at that digest, and it verifies.
+fn mirror_digest(
+    registry: &mut impl Registry,
+    lookup: &str,
+    verifications: &[Verification<'_>],
+) -> Result<String, LookupError> {
+    let mut verified: Option<String> = None;
+    for verification in verifications {
+        let answer = match registry.verify(lookup, verification) {
+            Ok(answer) => answer,
+            Err(LookupError::Unverified(why)) => {
+                return Err(LookupError::Unverified(format!(
+                    "not {}: {why}",
+                    verification.describe()
+                )));
+            }
+            Err(error) => return Err(error),
+        };
+        if let Err(error) = parse_digest(&answer) {
+            return Err(LookupError::Failed(format!(
+                "the host's verification answered digest {}: {error}",
+                quote(&answer)
+            )));
+        }
+        match &verified {
+            Some(first) if *first != answer => {
+                return Err(LookupError::Failed(format!(
+                    "its verifications answered two digests, {first} and {answer}"
+                )));
+            }
+            Some(_) => {}
+            None => verified = Some(answer),
+        }
+    }
+    match verified {
+        Some(digest) => Ok(digest),
+        None => verified_digest(registry, lookup),
+    }
+}
+
 /// A digest the host answered, checked to be a digest: a malformed answer verifies nothing.
 fn verified_digest(registry: &mut impl Registry, image: &str) -> Result<String, LookupError> {
     let answer = registry.manifest_digest(image)?;
@@ -252,6 +304,9 @@ pub mod tests {
     pub struct FakeRegistry {
         pub answers: BTreeMap<String, Result<String, LookupError>>,
         pub manifests: BTreeMap<String, Manifest>,
+        /// Verification answers by image; an image without one verifies as its digest
+        /// lookup answers when that is a digest, else as that lookup's error.
+        pub verifications: BTreeMap<String, Result<String, LookupError>>,
         pub asked: Vec<String>,
     }
 
@@ -264,6 +319,22 @@ pub mod tests {
     }
 
     impl Registry for FakeRegistry {
+        fn verify(
+            &mut self,
+            image: &str,
+            _verification: &Verification<'_>,
+        ) -> Result<String, LookupError> {
+            self.asked.push(format!("verify {image}"));
+            match self.verifications.get(image) {
+                Some(answer) => answer.clone(),
+                None => self
+                    .answers
+                    .get(image)
+                    .cloned()
+                    .unwrap_or_else(|| Err(LookupError::Absent("manifest unknown".to_string()))),
+            }
+        }
+
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             self.asked.push(image.to_string());
             self.answers
@@ -445,5 +516,136 @@ pub mod tests {
     fn long_images_are_cut_in_messages() {
         let quoted = quote(&"a".repeat(10_000));
         assert!(quoted.len() < 220 && quoted.ends_with('…'), "{quoted}");
+    }
+
+    /// Docker Hub to one mirror, then another; `signatures` over the Hub's library images
+    /// as the Pod writes them.
+    const SIGNED: &str = r#""mirrors":[{"source":"docker.io","targets":[{"target":"eu.m.io/hub"},{"target":"us.m.io/hub"}]}],
+        "signatures":[{"image":"nginx*","pubKeys":["-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----"]}]"#;
+    const EU: &str = "eu.m.io/hub/library/nginx:1.27";
+    const US: &str = "us.m.io/hub/library/nginx:1.27";
+
+    fn unverified() -> LookupError {
+        LookupError::Unverified(format!("no signatures found for image: {EU}"))
+    }
+
+    fn signed(extra: &str) -> Policy {
+        policy_from(&format!("{{{SIGNED}{extra}}}"))
+    }
+
+    #[test]
+    fn a_copy_that_verifies_is_swapped_at_the_digest_that_verified_without_another_lookup() {
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(EU.to_string(), Ok(DIGEST_B.to_string()));
+        let decision = decide("nginx:1.27", &signed(""), &mut registry);
+        assert_eq!(
+            decision,
+            Decision::Swap {
+                image: format!("{EU}@{DIGEST_B}"),
+                pull_secret: None,
+                note: None
+            }
+        );
+        assert_eq!(registry.asked, vec![format!("verify {EU}")]);
+    }
+
+    #[rstest]
+    #[case::keep("", "kept, not swapped to")]
+    #[case::reject(r#","onUnverified":"reject""#, "cannot be swapped to")]
+    fn a_copy_that_does_not_verify_is_never_swapped_to(#[case] extra: &str, #[case] said: &str) {
+        let mut registry = FakeRegistry::default()
+            .with(EU, Ok(DIGEST_A))
+            .with(US, Err(LookupError::Absent("manifest unknown".to_string())));
+        registry
+            .verifications
+            .insert(EU.to_string(), Err(unverified()));
+        let decision = decide("nginx:1.27", &signed(extra), &mut registry);
+        let (Decision::Keep(note) | Decision::Reject(note)) = &decision else {
+            panic!("swapped to a copy that did not verify: {decision:?}");
+        };
+        assert_eq!(note.reason, Reason::Unverified);
+        assert!(note.text.contains(said), "{}", note.text);
+        assert!(
+            note.text.contains("does not verify (not signed with its public key: no signatures found for image: eu.m.io/hub/library/nginx:1.27)"),
+            "{}",
+            note.text
+        );
+        // The digest the mirror serves names the signature tag a copy must bring.
+        assert_eq!(note.unverified_digest.as_deref(), Some(DIGEST_A));
+        assert_eq!(
+            matches!(decision, Decision::Reject(_)),
+            extra.contains("reject")
+        );
+    }
+
+    #[test]
+    fn a_later_mirror_whose_copy_verifies_is_swapped_to() {
+        let mut registry = FakeRegistry::default().with(EU, Ok(DIGEST_A));
+        registry
+            .verifications
+            .insert(EU.to_string(), Err(unverified()));
+        registry
+            .verifications
+            .insert(US.to_string(), Ok(DIGEST_A.to_string()));
+        let decision = decide("nginx:1.27", &signed(""), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if *image == format!("{US}@{DIGEST_A}")),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn a_pinned_image_verifies_its_digest_and_nothing_else() {
+        let pinned = format!("eu.m.io/hub/library/nginx@{DIGEST_A}");
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(pinned.clone(), Ok(DIGEST_A.to_string()));
+        let image = format!("nginx:1.27@{DIGEST_A}");
+        let decision = decide(&image, &signed(""), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if *image == format!("{EU}@{DIGEST_A}")),
+            "{decision:?}"
+        );
+        // A verification that names another digest is never swapped to.
+        registry
+            .verifications
+            .insert(pinned, Ok(DIGEST_B.to_string()));
+        registry.verifications.insert(
+            US.replace(":1.27", &format!("@{DIGEST_A}")),
+            Ok(DIGEST_B.to_string()),
+        );
+        let decision = decide(&image, &signed(""), &mut registry);
+        assert!(matches!(decision, Decision::Keep(_)), "{decision:?}");
+    }
+
+    #[rstest]
+    #[case::absent_is_onmissing(LookupError::Absent("manifest unknown".to_string()), Reason::Absent)]
+    #[case::failed_is_onlookuperror(LookupError::Failed("connection refused".to_string()), Reason::LookupError)]
+    fn a_verification_that_could_not_be_made_is_not_a_refusal(
+        #[case] error: LookupError,
+        #[case] reason: Reason,
+    ) {
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(EU.to_string(), Err(error.clone()));
+        registry.verifications.insert(US.to_string(), Err(error));
+        let decision = decide("nginx:1.27", &signed(""), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Keep(note) if note.reason == reason),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn images_no_rule_of_signatures_matches_are_looked_up_as_before() {
+        let mut registry =
+            FakeRegistry::default().with("eu.m.io/hub/library/busybox:1", Ok(DIGEST_A));
+        let decision = decide("busybox:1", &signed(""), &mut registry);
+        assert!(matches!(decision, Decision::Swap { .. }), "{decision:?}");
+        assert_eq!(registry.asked, vec!["eu.m.io/hub/library/busybox:1"]);
     }
 }

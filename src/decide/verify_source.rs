@@ -91,7 +91,7 @@ fn check_by_digests(
                 refusal,
             };
         }
-        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+        Err(LookupError::Absent(why) | LookupError::Failed(why) | LookupError::Unverified(why)) => {
             return unreachable_source(source_tag, &why);
         }
     };
@@ -107,7 +107,7 @@ fn check_by_digests(
     let source_manifest = match registry.manifest(&format!("{}@{source_digest}", source.name())) {
         Ok(manifest) => manifest,
         Err(LookupError::OverBudget(refusal)) => return digests.over_budget(refusal),
-        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+        Err(LookupError::Absent(why) | LookupError::Failed(why) | LookupError::Unverified(why)) => {
             return SourceCheck::Failed(format!("{}: {why}", digests.text()));
         }
     };
@@ -132,7 +132,7 @@ fn check_by_manifests(
                 refusal,
             };
         }
-        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+        Err(LookupError::Absent(why) | LookupError::Failed(why) | LookupError::Unverified(why)) => {
             return unreachable_source(source_tag, &why);
         }
     };
@@ -192,7 +192,7 @@ fn compare_manifests(
     let mirror_manifest = match registry.manifest(mirror) {
         Ok(manifest) => manifest,
         Err(LookupError::OverBudget(refusal)) => return digests.over_budget(refusal),
-        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+        Err(LookupError::Absent(why) | LookupError::Failed(why) | LookupError::Unverified(why)) => {
             return SourceCheck::Failed(format!("{text}: {why}"));
         }
     };
@@ -671,6 +671,16 @@ mod tests {
     }
 
     impl Registry for Rationed {
+        fn verify(
+            &mut self,
+            image: &str,
+            _verification: &crate::signatures::Verification<'_>,
+        ) -> Result<String, LookupError> {
+            Err(LookupError::Failed(format!(
+                "{image}: this test registry does not verify"
+            )))
+        }
+
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             if self.allowed == 0 {
                 return Err(LookupError::OverBudget(Refusal {
@@ -741,6 +751,16 @@ mod tests {
     struct NoSequences(FakeRegistry);
 
     impl Registry for NoSequences {
+        fn verify(
+            &mut self,
+            image: &str,
+            _verification: &crate::signatures::Verification<'_>,
+        ) -> Result<String, LookupError> {
+            Err(LookupError::Failed(format!(
+                "{image}: this test registry does not verify"
+            )))
+        }
+
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             self.0.manifest_digest(image)
         }
@@ -779,6 +799,16 @@ mod tests {
     }
 
     impl Registry for Slow {
+        fn verify(
+            &mut self,
+            image: &str,
+            _verification: &crate::signatures::Verification<'_>,
+        ) -> Result<String, LookupError> {
+            Err(LookupError::Failed(format!(
+                "{image}: this test registry does not verify"
+            )))
+        }
+
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             self.clock.advance(self.latency);
             self.inner.manifest_digest(image)

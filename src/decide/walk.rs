@@ -11,7 +11,8 @@ use crate::rules::{Destination, MirrorRepository};
 use crate::text::quote;
 
 use super::verify_source::{SourceCheck, check_source};
-use super::{Decision, Note, PullSecrets, Reason, joined, verified_digest};
+use super::{Decision, Note, PullSecrets, Reason, joined, mirror_digest};
+use crate::signatures::{Verification, verifications_for};
 
 /// Why one mirror cannot be used, and so which setting decides.
 enum Failure {
@@ -19,6 +20,9 @@ enum Failure {
     Missing(String),
     /// `onMissing`: the mirror holds a stale copy.
     Stale(String),
+    /// `onUnverified`: the mirror's copy does not verify under `signatures`; the digest it
+    /// serves, when known.
+    Unverified(String, Option<String>),
     /// `onLookupError`: the answer could not be had or could not be trusted.
     LookupError(String),
     /// `onLookupError`: the lookup (or comparison) was not made within the budget: what was
@@ -42,12 +46,17 @@ impl From<LookupError> for Failure {
             LookupError::Failed(why) => {
                 Failure::LookupError(format!("could not look it up ({why})"))
             }
+            LookupError::Unverified(why) => Failure::unverified(why, None),
             LookupError::OverBudget(refusal) => Failure::not_looked_up(refusal),
         }
     }
 }
 
 impl Failure {
+    fn unverified(why: String, digest: Option<String>) -> Failure {
+        Failure::Unverified(format!("its copy there does not verify ({why})"), digest)
+    }
+
     fn not_looked_up(refusal: Refusal) -> Failure {
         Failure::Budget {
             not_done: "not looked up",
@@ -60,6 +69,7 @@ impl Failure {
         match self {
             Failure::Missing(_) => Reason::Absent,
             Failure::Stale(_) => Reason::Stale,
+            Failure::Unverified(..) => Reason::Unverified,
             Failure::LookupError(_) => Reason::LookupError,
             Failure::Budget { .. } => Reason::Budget,
             Failure::NoPullSecret(_) => Reason::NoPullSecret,
@@ -70,6 +80,7 @@ impl Failure {
         match self {
             Failure::Missing(text)
             | Failure::Stale(text)
+            | Failure::Unverified(text, _)
             | Failure::LookupError(text)
             | Failure::NoPullSecret(text) => text.clone(),
             Failure::Budget {
@@ -111,6 +122,8 @@ pub(super) fn decide_mirror(
     registry: &mut impl Registry,
 ) -> Decision {
     let mut failures: Vec<(String, Failure)> = Vec::new();
+    // The rules of `signatures` match the image as the Pod writes it, as a verifier does.
+    let verifications = verifications_for(&policy.signatures, image);
     for target in &destination.targets {
         let pull_secret = target.pull_secret.map(str::to_string);
         let attempt = match pull_secret.as_deref() {
@@ -120,7 +133,7 @@ pub(super) fn decide_mirror(
                     "that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation"
                 )),
             )),
-            _ => try_mirror(image, reference, target, policy, registry),
+            _ => try_mirror(image, reference, target, policy, &verifications, registry),
         };
         match attempt {
             Ok((swapped, note)) => {
@@ -156,6 +169,7 @@ fn try_mirror(
     reference: &Reference,
     target: &MirrorRepository<'_>,
     policy: &Policy,
+    verifications: &[Verification<'_>],
     registry: &mut impl Registry,
 ) -> Attempt {
     let repository = &target.repository;
@@ -166,7 +180,7 @@ fn try_mirror(
         // The digest names the content: the mirror must serve exactly it.
         (SwapPolicy::Exists, Some(digest)) => {
             let lookup = joined(repository, '@', digest);
-            match verified_digest(registry, &lookup) {
+            match mirror_digest(registry, &lookup, verifications) {
                 Ok(answer) if answer == digest => Ok((joined(&tagged, '@', digest), None)),
                 Ok(answer) => Err((
                     lookup,
@@ -174,8 +188,11 @@ fn try_mirror(
                         "could not verify it: the mirror answered digest {answer} for it"
                     )),
                 )),
+                Err(LookupError::Unverified(why)) => {
+                    Err((lookup, Failure::unverified(why, Some(digest.to_string()))))
+                }
                 Err(LookupError::Absent(why)) if reference.tag().is_some() => {
-                    by_tag_after_digest(digest, &tagged, lookup, why, registry)
+                    by_tag_after_digest(digest, &tagged, lookup, why, verifications, registry)
                 }
                 Err(error) => Err((lookup, error.into())),
             }
@@ -191,8 +208,18 @@ fn try_mirror(
             {
                 return Err((tagged, Failure::not_looked_up(refusal)));
             }
-            let mirror_digest = match verified_digest(registry, &tagged) {
+            let mirror_digest = match mirror_digest(registry, &tagged, verifications) {
                 Ok(digest) => digest,
+                // The host's refusal does not name the digest, which names the signature tag
+                // a copy must bring: asked once more when the budget allows.
+                Err(LookupError::Unverified(why)) => {
+                    let digest = if registry.would_fit(&[&tagged]) {
+                        super::verified_digest(registry, &tagged).ok()
+                    } else {
+                        None
+                    };
+                    return Err((tagged, Failure::unverified(why, digest)));
+                }
                 Err(error) => return Err((tagged, error.into())),
             };
             let note = if policy.verify_source {
@@ -257,6 +284,7 @@ fn by_tag_after_digest(
     tagged: &str,
     digest_lookup: String,
     absent: String,
+    verifications: &[Verification<'_>],
     registry: &mut impl Registry,
 ) -> Attempt {
     if let Err(refusal) = registry.affordable(&[tagged]) {
@@ -276,7 +304,7 @@ fn by_tag_after_digest(
             Failure::Missing(format!("the mirror does not have it ({absent}{also})")),
         ))
     };
-    match verified_digest(registry, tagged) {
+    match mirror_digest(registry, tagged, verifications) {
         Ok(answer) if answer == digest => Ok((joined(tagged, '@', digest), None)),
         Ok(answer) => missing(format!(
             "; its tag {} names another digest, {answer}",
@@ -320,7 +348,8 @@ fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> D
         .iter()
         .map(|(_, failure)| failure.reason())
         .max_by_key(|reason| match reason {
-            Reason::Budget | Reason::LookupError => 3,
+            Reason::Budget | Reason::LookupError => 4,
+            Reason::Unverified => 3,
             Reason::Stale => 2,
             Reason::Absent => 1,
             _ => 0,
@@ -328,6 +357,7 @@ fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> D
         .unwrap_or(Reason::Absent);
     let (action, setting) = match worst {
         Reason::Budget | Reason::LookupError => (policy.on_lookup_error, "onLookupError"),
+        Reason::Unverified => (policy.on_unverified, "onUnverified"),
         Reason::Stale | Reason::Absent => (policy.on_missing, "onMissing"),
         _ => (Fallback::Keep, ""),
     };
@@ -360,12 +390,17 @@ fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> D
         Failure::Budget { refusal, .. } => Some(refusal.clone()),
         _ => None,
     });
+    let unverified_digest = failures.iter().find_map(|(_, failure)| match failure {
+        Failure::Unverified(_, digest) => digest.clone(),
+        _ => None,
+    });
     let note = |text: String| Note {
         reason: worst,
         text,
         mirrors: mirrors.clone(),
         learned: learned.clone(),
         refusal: refusal.clone(),
+        unverified_digest: unverified_digest.clone(),
     };
     match action {
         Fallback::Keep => Decision::Keep(note(format!(
@@ -550,6 +585,16 @@ mod tests {
     fn the_tag_after_a_missing_digest_is_not_asked_past_the_budget() {
         struct OneLookup(FakeRegistry);
         impl crate::registry::Registry for OneLookup {
+            fn verify(
+                &mut self,
+                image: &str,
+                _verification: &crate::signatures::Verification<'_>,
+            ) -> Result<String, LookupError> {
+                Err(LookupError::Failed(format!(
+                    "{image}: this test registry does not verify"
+                )))
+            }
+
             fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
                 self.0.manifest_digest(image)
             }
@@ -625,6 +670,16 @@ mod tests {
     fn a_walk_the_budget_cuts_short_follows_on_lookup_error() {
         struct Once(FakeRegistry);
         impl crate::registry::Registry for Once {
+            fn verify(
+                &mut self,
+                image: &str,
+                _verification: &crate::signatures::Verification<'_>,
+            ) -> Result<String, LookupError> {
+                Err(LookupError::Failed(format!(
+                    "{image}: this test registry does not verify"
+                )))
+            }
+
             fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
                 match self.0.asked.len() {
                     0 => self.0.manifest_digest(image),

@@ -13,7 +13,7 @@ use crate::text::quote;
 
 use super::candidates::Candidate;
 use super::checks::Checked;
-use super::copies::{fill_command, refill_command};
+use super::copies::{fill_command, refill_command, signature_command};
 use super::report::{capped, time_spent};
 use super::{Outcome, Verdict};
 
@@ -70,7 +70,34 @@ pub(super) fn check_outcome(
                     fill_command(source)
                 ));
             }
-            (Presence::NotChecked(why), _) => {
+            (
+                Presence::Unverified {
+                    target,
+                    answer,
+                    digest,
+                },
+                CheckedImage::Source(source),
+            ) => {
+                let Some(mirror) = source.targets.get(*target) else {
+                    continue;
+                };
+                let what_to_do = match digest {
+                    Some(digest) => format!(
+                        "copy its signature ({}), and the next Pods that name it are swapped",
+                        signature_command(&source.name, mirror.repository(), digest)
+                    ),
+                    None => format!(
+                        "copy its signature, tag sha256-<hex>.sig of the digest {} serves (the lookup budget left no time to ask which)",
+                        quote(&mirror.lookup)
+                    ),
+                };
+                unmirrored.push(format!(
+                    "{container}: image {} is in the mirror without a signature that verifies (asked {}, it answered: {answer}); {what_to_do}",
+                    quote(image),
+                    quote(&mirror.lookup),
+                ));
+            }
+            (Presence::NotChecked(why), _) | (Presence::Unverified { answer: why, .. }, _) => {
                 unchecked += 1;
                 not_checked.push(format!(
                     "{container}: image {} not checked: could not ask the mirror for {} ({why})",

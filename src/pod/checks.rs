@@ -56,7 +56,7 @@ pub(super) fn check_all(
     let mut presence: Vec<Option<Presence>> = vec![None; distinct.len()];
     for index in order {
         if let (Some(image), Some(slot)) = (distinct.get(index), presence.get_mut(index)) {
-            *slot = Some(image.check(&mut registry));
+            *slot = Some(image.check(policy, &mut registry));
         }
     }
     of_container

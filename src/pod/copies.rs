@@ -38,6 +38,24 @@ pub(super) fn fill_command(source: &SourceImage) -> String {
     copy_command(&source.source, &destination)
 }
 
+/// The copy of a source image's cosign signature to a mirror repository: the tag
+/// `sha256-<hex>.sig` beside the image, where verifiers look for it (sigstore-rs
+/// `triangulate`), copied as it is, so that the mirror's copy of `digest` verifies under the
+/// same rule as the source. A signature names the image's digest, not its name, so the copy
+/// verifies at the mirror name.
+pub(super) fn signature_command(source_name: &str, repository: &str, digest: &str) -> String {
+    let tag = signature_tag(digest);
+    copy_command(
+        &format!("{source_name}:{tag}"),
+        &format!("{repository}:{tag}"),
+    )
+}
+
+/// `sha256-<hex>.sig`: cosign's tag for the signatures of `digest`.
+fn signature_tag(digest: &str) -> String {
+    format!("{}.sig", digest.replacen(':', "-", 1))
+}
+
 /// `repository:sha256-<hex>`: the tag a copy by digest is pushed to.
 fn own_tag(repository: &str, digest: &str) -> String {
     format!("{repository}:{}", digest.replacen(':', "-", 1))

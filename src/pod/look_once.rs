@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::registry::{LookupError, Manifest, Registry};
+use crate::signatures::Verification;
 
 /// Asks the registry once per distinct lookup per admission, however many containers or
 /// decisions need it; lookups keep the order of their first use. A refusal of the budget is
@@ -12,6 +13,8 @@ pub(super) struct LookOnce<'r, R: Registry> {
     inner: &'r mut R,
     digests: BTreeMap<String, Result<String, LookupError>>,
     manifests: BTreeMap<String, Result<Manifest, LookupError>>,
+    /// Keyed by the image and what was asked of it.
+    verifications: BTreeMap<String, Result<String, LookupError>>,
 }
 
 impl<'r, R: Registry> LookOnce<'r, R> {
@@ -20,6 +23,7 @@ impl<'r, R: Registry> LookOnce<'r, R> {
             inner,
             digests: BTreeMap::new(),
             manifests: BTreeMap::new(),
+            verifications: BTreeMap::new(),
         }
     }
 }
@@ -38,6 +42,18 @@ impl<R: Registry> Registry for LookOnce<'_, R> {
         self.manifests
             .entry(image.to_string())
             .or_insert_with(|| inner.manifest(image))
+            .clone()
+    }
+
+    fn verify(
+        &mut self,
+        image: &str,
+        verification: &Verification<'_>,
+    ) -> Result<String, LookupError> {
+        let inner = &mut self.inner;
+        self.verifications
+            .entry(format!("{image} {verification:?}"))
+            .or_insert_with(|| inner.verify(image, verification))
             .clone()
     }
 

@@ -29,7 +29,7 @@ mod record;
 mod report;
 mod unmirrored;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
@@ -217,7 +217,7 @@ pub fn admit(
         let previous = std::mem::take(&mut request.old_object);
         let mut object = std::mem::take(&mut request.object);
         if operation.may_change_metadata()
-            && record_unmirrored(&mut object, Some(&previous), &BTreeSet::new(), policy)
+            && record_unmirrored(&mut object, Some(&previous), &BTreeMap::new(), policy)
         {
             return Outcome {
                 verdict: Verdict::Mutate(object),
@@ -260,12 +260,13 @@ pub fn admit(
             audit,
         };
     }
-    // Images kept because no target of their rule holds them: the record the fill job reads.
-    let absent: BTreeSet<String> = verdicts
+    // Images kept because no target of their rule holds them, or holds a copy that verifies
+    // (with the digest it serves, when known): the record the fill job reads.
+    let unmirrored: BTreeMap<String, Option<String>> = verdicts
         .kept
         .iter()
-        .filter(|(_, note)| note.reason == Reason::Absent)
-        .map(|(image, _)| image.clone())
+        .filter(|(_, note)| matches!(note.reason, Reason::Absent | Reason::Unverified))
+        .map(|(image, note)| (image.clone(), note.unverified_digest.clone()))
         .collect();
     let previous = match operation {
         Operation::Update => Some(std::mem::take(&mut request.old_object)),
@@ -281,8 +282,7 @@ pub fn admit(
     }
     if operation.may_change_metadata() {
         changed |= record_original_images(&mut object, &verdicts.swaps, &policy.router);
-        let absent: BTreeSet<&str> = absent.iter().map(String::as_str).collect();
-        changed |= record_unmirrored(&mut object, previous.as_ref(), &absent, policy);
+        changed |= record_unmirrored(&mut object, previous.as_ref(), &unmirrored, policy);
     }
     if operation == Operation::Create {
         let secrets = verdicts
@@ -857,6 +857,16 @@ mod tests {
     }
 
     impl Registry for Distant {
+        fn verify(
+            &mut self,
+            image: &str,
+            _verification: &crate::signatures::Verification<'_>,
+        ) -> Result<String, LookupError> {
+            Err(LookupError::Failed(format!(
+                "{image}: this test registry does not verify"
+            )))
+        }
+
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             self.clock.advance(Duration::from_millis(self.ms));
             self.inner.manifest_digest(image)
@@ -1072,6 +1082,16 @@ mod tests {
     }
 
     impl Registry for PerHost {
+        fn verify(
+            &mut self,
+            image: &str,
+            _verification: &crate::signatures::Verification<'_>,
+        ) -> Result<String, LookupError> {
+            Err(LookupError::Failed(format!(
+                "{image}: this test registry does not verify"
+            )))
+        }
+
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             let host = crate::registry::registry_host(image);
             let ms = self

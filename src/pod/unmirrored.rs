@@ -10,15 +10,16 @@
 //! never taken from the annotation a Pod's author may have written, since the fill job runs
 //! the copies it names with push rights.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
 use crate::decide::check::source_image;
 use crate::policy::Policy;
 
-use super::copies::fill_command;
+use super::copies::{fill_command, signature_command};
 use super::object::{annotation, named_images, object_entry};
+use crate::signatures::verifications_for;
 
 /// Per container: the source image as the container names it, the mirror image wanted (the first
 /// target's), and the copy that fills it.
@@ -31,11 +32,23 @@ pub const UNMIRRORED_LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
 /// still marks it, and the check role reports them all).
 const RECORD_MAX_BYTES: usize = 32 * 1024;
 
-/// The entry for a container running `image`, when a rule routes it; `None` otherwise.
-fn entry(image: &str, policy: &Policy) -> Option<Value> {
+/// The entry for a container running `image`, when a rule routes it; `None` otherwise. When
+/// `signatures` has rules for the image, and its digest is known (the image pins it, or the
+/// mirror served it unverified), the entry also names the copy of its signature
+/// (`signatureCopy`), which the fill job runs after the image's.
+fn entry(image: &str, policy: &Policy, digest: Option<&str>) -> Option<Value> {
     let source = source_image(image, policy)?;
-    let mirror = source.targets.first()?.lookup.clone();
-    Some(json!({"source": image, "mirror": mirror, "copy": fill_command(&source)}))
+    let first = source.targets.first()?;
+    let mut entry = json!({"source": image, "mirror": first.lookup, "copy": fill_command(&source)});
+    let digest = first.digest().or(digest);
+    if let (Some(digest), false) = (
+        digest,
+        verifications_for(&policy.signatures, image).is_empty(),
+    ) {
+        entry["signatureCopy"] =
+            Value::String(signature_command(&source.name, first.repository(), digest));
+    }
+    Some(entry)
 }
 
 /// The containers the live record says were kept as unmirrored, with the image they then ran.
@@ -63,7 +76,7 @@ fn recorded(object: &Value) -> BTreeMap<String, String> {
 pub(super) fn record_unmirrored(
     object: &mut Value,
     previous: Option<&Value>,
-    absent: &BTreeSet<&str>,
+    unmirrored: &BTreeMap<String, Option<String>>,
     policy: &Policy,
 ) -> bool {
     let carried = previous.map(recorded).unwrap_or_default();
@@ -71,8 +84,9 @@ pub(super) fn record_unmirrored(
     let mut size = 2;
     for (name, image) in named_images(object) {
         let still = carried.get(name).is_some_and(|source| source == image);
-        if (absent.contains(image) || still)
-            && let Some(entry) = entry(image, policy)
+        let kept = unmirrored.get(image);
+        if (kept.is_some() || still)
+            && let Some(entry) = entry(image, policy, kept.cloned().flatten().as_deref())
         {
             let entry_size = name.len() + entry.to_string().len() + 4;
             if size + entry_size > RECORD_MAX_BYTES {
@@ -139,6 +153,14 @@ mod tests {
         serde_json::from_str(annotation(object, UNMIRRORED_ANNOTATION)?).ok()
     }
 
+    /// Images kept because no target holds them, none with a digest learned.
+    fn kept(images: &[&str]) -> BTreeMap<String, Option<String>> {
+        images
+            .iter()
+            .map(|image| (image.to_string(), None))
+            .collect()
+    }
+
     fn label(object: &Value) -> Option<&Value> {
         object.pointer("/metadata/labels")?.get(UNMIRRORED_LABEL)
     }
@@ -147,7 +169,7 @@ mod tests {
     fn an_image_no_target_holds_is_recorded_with_the_copy_that_fills_the_first_target() {
         let policy = policy_from(SETTINGS);
         let mut object = pod(&[("web", "nginx:1.27"), ("side", "busybox:1")], json!({}));
-        let absent = BTreeSet::from(["nginx:1.27"]);
+        let absent = kept(&["nginx:1.27"]);
         assert!(record_unmirrored(&mut object, None, &absent, &policy));
         assert_eq!(
             record(&object),
@@ -167,12 +189,7 @@ mod tests {
         let digest = format!("sha256:{}", "a".repeat(64));
         let image = format!("nginx:1.27@{digest}");
         let mut object = pod(&[("web", &image)], json!({}));
-        record_unmirrored(
-            &mut object,
-            None,
-            &BTreeSet::from([image.as_str()]),
-            &policy,
-        );
+        record_unmirrored(&mut object, None, &kept(&[image.as_str()]), &policy);
         let entry = record(&object).expect("recorded")["web"].clone();
         assert_eq!(
             entry["copy"],
@@ -196,7 +213,7 @@ mod tests {
     ) {
         let policy = policy_from(SETTINGS);
         let mut object = pod(&[("web", "quay.io/x/y:1")], metadata);
-        let absent: BTreeSet<&str> = absent.iter().copied().collect();
+        let absent = kept(absent);
         assert!(!record_unmirrored(&mut object, None, &absent, &policy));
         assert_eq!((record(&object), label(&object)), (None, None));
     }
@@ -218,7 +235,7 @@ mod tests {
         assert!(record_unmirrored(
             &mut object,
             previous.as_ref(),
-            &BTreeSet::new(),
+            &kept(&[]),
             &policy
         ));
         assert_eq!((record(&object), label(&object)), (None, None));
@@ -247,7 +264,7 @@ mod tests {
         assert!(record_unmirrored(
             &mut object,
             Some(&previous),
-            &BTreeSet::new(),
+            &kept(&[]),
             &policy
         ));
         let record = record(&object).expect("recorded");
@@ -267,7 +284,8 @@ mod tests {
             .map(|(n, i)| (n.as_str(), i.as_str()))
             .collect();
         let mut object = pod(&named, json!({}));
-        let absent: BTreeSet<&str> = images.iter().map(|(_, i)| i.as_str()).collect();
+        let names: Vec<&str> = images.iter().map(|(_, i)| i.as_str()).collect();
+        let absent = kept(&names);
         assert!(record_unmirrored(&mut object, None, &absent, &policy));
         let text = annotation(&object, UNMIRRORED_ANNOTATION).unwrap_or_default();
         assert!(text.len() <= RECORD_MAX_BYTES, "{}", text.len());
@@ -279,7 +297,7 @@ mod tests {
     fn the_record_is_rewritten_only_when_it_changes() {
         let policy = policy_from(SETTINGS);
         let mut object = pod(&[("web", "nginx:1.27")], json!({}));
-        let absent = BTreeSet::from(["nginx:1.27"]);
+        let absent = kept(&["nginx:1.27"]);
         assert!(record_unmirrored(&mut object, None, &absent, &policy));
         let previous = object.clone();
         assert!(!record_unmirrored(
@@ -291,7 +309,7 @@ mod tests {
         assert!(!record_unmirrored(
             &mut object,
             Some(&previous),
-            &BTreeSet::new(),
+            &kept(&[]),
             &policy
         ));
     }

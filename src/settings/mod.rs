@@ -9,6 +9,7 @@ mod exclude;
 mod mirrors;
 mod one_to_one;
 mod prefix;
+mod signatures;
 
 use kubewarden_policy_sdk::settings::Validatable;
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,9 @@ use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
 
 pub use mirrors::{DefaultMirrorSetting, MirrorSetting, TargetSetting};
+pub use signatures::{
+    GithubActionsSetting, KeylessPrefixSetting, KeylessSetting, SignatureSetting,
+};
 
 /// The default of `lookupBudgetMilliseconds`: policy-server's default evaluation timeout is 2 s,
 /// counted in one-second ticks, so an evaluation may be interrupted after only 1 s; 800 ms of
@@ -49,6 +53,12 @@ pub struct Settings {
     /// `action: check`: also check admissions, for `mode: protect` (by default only the audit
     /// scanner's requests are checked, and admissions are accepted at once).
     pub check_admissions: bool,
+    /// verify-image-signatures' `signatures`: images that must verify at their mirror name
+    /// before they are swapped.
+    pub signatures: Vec<SignatureSetting>,
+    /// A mirror copy that does not verify under `signatures`: keep the source (default), or
+    /// refuse the Pod.
+    pub on_unverified: Fallback,
 }
 
 impl Default for Settings {
@@ -67,6 +77,8 @@ impl Default for Settings {
             exclude: Vec::new(),
             report_unmirrored: true,
             check_admissions: false,
+            signatures: Vec::new(),
+            on_unverified: Fallback::Keep,
         }
     }
 }
@@ -116,6 +128,13 @@ impl Policy {
         if settings.verify_source && settings.swap_policy == SwapPolicy::Always {
             errors.push("verifySource: true needs swapPolicy: exists; swapPolicy: always swaps without looking".to_string());
         }
+        let signature_rules = signatures::rules(&settings.signatures, &mut errors);
+        if !settings.signatures.is_empty() && settings.swap_policy == SwapPolicy::Always {
+            errors.push("signatures: needs swapPolicy: exists; swapPolicy: always swaps without looking, so nothing would be verified".to_string());
+        }
+        if settings.signatures.is_empty() && settings.on_unverified == Fallback::Reject {
+            errors.push("onUnverified: reject is only used with signatures, which is empty; set signatures, or remove onUnverified".to_string());
+        }
         let budget = settings.lookup_budget_milliseconds;
         if !(1..=MAX_LOOKUP_BUDGET_MS).contains(&budget) {
             errors.push(format!(
@@ -137,6 +156,8 @@ impl Policy {
             lookup_budget_ms: budget,
             report_unmirrored: settings.report_unmirrored,
             check_admissions: settings.check_admissions,
+            signatures: signature_rules,
+            on_unverified: settings.on_unverified,
         })
     }
 }
