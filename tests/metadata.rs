@@ -85,6 +85,7 @@ fn host_capabilities_are_exactly_the_ones_the_code_calls() {
     let called: Vec<&str> = [
         ("oci::get_manifest_digest(", "oci/v1/manifest_digest"),
         ("oci::get_manifest(", "oci/v1/oci_manifest"),
+        ("verification::verify_", "oci/v2/verify"),
         (
             "oci::get_manifest_and_config(",
             "oci/v1/oci_manifest_config",

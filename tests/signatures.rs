@@ -1,0 +1,370 @@
+//! Signature verification beside a verifier, with real parts: images signed as `cosign sign
+//! --key` signs them (and with a certificate), pushed with their `sha256-<hex>.sig` tags to real
+//! registries on loopback; the built module verifying mirror copies through the rig's
+//! `oci/v2/verify` (which checks the signatures for real, as the host does); and a verifier
+//! that does what Kubewarden's verify-image-signatures 1.0.11 does (each rule a glob on the
+//! image as the Pod writes it, every matching rule verified through the same host, the image
+//! pinned to the verified digest), chained with the swapper as the API server chains mutating
+//! webhooks: in the order of their configurations' names, each fed the other's answer.
+
+mod rig;
+
+use image_swapper_policy::glob::Glob;
+use rig::cosign::{Signer, signature_tag};
+use rig::hosts::LiveHost;
+use rig::images::Image;
+use rig::registry::TestRegistry;
+use rig::wapc::SharedHost;
+use rig::{pod_request, shared, validate};
+use serde_json::{Value, json};
+
+/// The source, its mirror, and one signer; `org/app:signed` is signed, `org/app:unsigned` is
+/// not; the mirror holds copies of both (same digests) without signatures.
+struct World {
+    source: TestRegistry,
+    mirror: TestRegistry,
+    signer: Signer,
+    signed: String,
+    unsigned: String,
+}
+
+const REPOSITORY: &str = "org/app";
+
+impl World {
+    fn start(name: &str, signer: Signer) -> World {
+        let source = TestRegistry::start(&format!("{name}-source")).expect("registry");
+        let mirror = TestRegistry::start(&format!("{name}-mirror")).expect("registry");
+        let signed_image = Image::new(&format!("{name} signed"), "linux/amd64");
+        let unsigned_image = Image::new(&format!("{name} unsigned"), "linux/amd64");
+        let signed = signed_image.push(&source, REPOSITORY, Some("signed"));
+        let unsigned = unsigned_image.push(&source, REPOSITORY, Some("unsigned"));
+        signer.sign(&source, REPOSITORY, &signed, &[]);
+        let mirrored = format!("cache/{REPOSITORY}");
+        signed_image.push(&mirror, &mirrored, Some("signed"));
+        unsigned_image.push(&mirror, &mirrored, Some("unsigned"));
+        World {
+            source,
+            mirror,
+            signer,
+            signed,
+            unsigned,
+        }
+    }
+
+    fn image(&self, tag: &str) -> String {
+        format!("{}/{REPOSITORY}:{tag}", self.source.host)
+    }
+
+    fn mirror_image(&self, tag: &str, digest: &str) -> String {
+        format!("{}/cache/{REPOSITORY}:{tag}@{digest}", self.mirror.host)
+    }
+
+    /// The copy that brings the signed image's signature to the mirror (what the fill job
+    /// runs for the check role's finding).
+    fn copy_signature(&self) {
+        let tag = signature_tag(&self.signed);
+        let status = std::process::Command::new("skopeo")
+            .args([
+                "copy",
+                "--all",
+                "--preserve-digests",
+                "--src-tls-verify=false",
+                "--dest-tls-verify=false",
+                &format!("docker://{}/{REPOSITORY}:{tag}", self.source.host),
+                &format!("docker://{}/cache/{REPOSITORY}:{tag}", self.mirror.host),
+            ])
+            .status()
+            .expect("skopeo");
+        assert!(status.success(), "skopeo copied the signature");
+    }
+
+    /// The rule an operator writes for the source's images, as verify-image-signatures reads it.
+    fn rule(&self, image: &str) -> Value {
+        match &self.signer.certificate_pem {
+            Some(certificate) => {
+                json!({"image": image, "certificates": [certificate], "requireRekorBundle": false})
+            }
+            None => json!({"image": image, "pubKeys": [self.signer.public_pem]}),
+        }
+    }
+
+    fn swapper_settings(&self, signatures: bool) -> Value {
+        let mut settings = json!({"mirrors": [{"source": self.source.host, "target": format!("{}/cache", self.mirror.host)}]});
+        if signatures {
+            settings["signatures"] = json!([self.rule(&format!("{}/org/*", self.source.host))]);
+        }
+        settings
+    }
+}
+
+/// What the API server ends with: the image stored, or the refusal.
+type Admitted = Result<String, String>;
+
+fn pod(image: &str) -> Value {
+    pod_request(
+        "CREATE",
+        json!({"containers": [{"name": "web", "image": image}]}),
+    )
+}
+
+fn image_of(object: &Value) -> String {
+    object["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The swapper's webhook: the built module.
+fn swapper(settings: &Value, object: &Value, host: SharedHost) -> Admitted {
+    let mut request = pod("");
+    request["object"] = object.clone();
+    let response = validate(settings, &request, host);
+    if !response.accepted {
+        return Err(response.message.unwrap_or_default());
+    }
+    Ok(response
+        .mutated
+        .as_ref()
+        .map_or_else(|| image_of(object), image_of))
+}
+
+/// verify-image-signatures 1.0.11's answer for a one-container Pod (its
+/// `verify_container_images`, `handle_verification_response`, `add_digest_if_not_present`):
+/// every rule whose glob matches the image as written is verified through the host, the first
+/// failure's text goes into `Resource web is not accepted: verification of image X failed: E`,
+/// and a verified image is pinned to `image@digest` unless it already names that digest.
+fn verifier(rules: &[Value], image: &str, host: &SharedHost) -> Admitted {
+    let mut pinned = image.to_string();
+    let mut errors = Vec::new();
+    for rule in rules {
+        let pattern = rule["image"].as_str().unwrap_or_default();
+        if !Glob::new(pattern).expect("rule glob").matches(image) {
+            continue;
+        }
+        let requests: Vec<Value> = match rule.get("certificates") {
+            Some(certificates) => certificates
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| json!({"type": "SigstoreCertificateVerify", "image": image, "certificate": c.as_str().unwrap_or_default().as_bytes(), "certificate_chain": null, "require_rekor_bundle": false, "annotations": null}))
+                .collect(),
+            None => vec![json!({"type": "SigstorePubKeyVerify", "image": image, "pub_keys": rule["pubKeys"], "annotations": null})],
+        };
+        for request in requests {
+            let answer = host.lock().expect("host").call(
+                "kubewarden",
+                "oci",
+                "v2/verify",
+                request.to_string().as_bytes(),
+            );
+            match answer {
+                Ok(bytes) => {
+                    let response: Value = serde_json::from_slice(&bytes).expect("JSON");
+                    let digest = response["digest"].as_str().unwrap_or_default();
+                    if !image.contains(digest) {
+                        pinned = format!("{image}@{digest}");
+                    }
+                }
+                Err(error) => {
+                    errors.push(format!("verification of image {image} failed: Host error: Callback evaluation failure: {error}"));
+                    break;
+                }
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(pinned)
+    } else {
+        Err(format!(
+            "Resource web is not accepted: {}",
+            errors.join(", ")
+        ))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Order {
+    SwapperFirst,
+    VerifierFirst,
+}
+
+/// The two webhooks chained as the API server chains them: each sees the Pod as the one before
+/// it left it, and a refusal ends the admission.
+fn admit(world: &World, order: Order, rules: &[Value], signatures: bool, image: &str) -> Admitted {
+    let host = shared(LiveHost::default());
+    let settings = world.swapper_settings(signatures);
+    match order {
+        Order::SwapperFirst => {
+            let swapped = swapper(&settings, &pod(image)["object"], host.clone())?;
+            verifier(rules, &swapped, &(host as SharedHost))
+        }
+        Order::VerifierFirst => {
+            let pinned = verifier(rules, image, &(host.clone() as SharedHost))?;
+            swapper(&settings, &pod(&pinned)["object"], host)
+        }
+    }
+}
+
+/// Both orders, a verifier over the sources and one over every image: the unsigned image is
+/// refused and the signed one admitted, 8 of 8 as without the swapper; the signed image is
+/// swapped (at its verified digest) only once its signature is in the mirror.
+fn eight_outcomes(world: &World) {
+    let by_source = vec![world.rule(&format!("{}/org/*", world.source.host))];
+    let everything = vec![world.rule("*")];
+    let mut outcomes = Vec::new();
+    for order in [Order::SwapperFirst, Order::VerifierFirst] {
+        for (rules, named) in [(&by_source, "sources"), (&everything, "*")] {
+            for (tag, signed) in [("unsigned", false), ("signed", true)] {
+                let image = world.image(tag);
+                let without = verifier(rules, &image, &(shared(LiveHost::default()) as SharedHost));
+                let with = admit(world, order, rules, true, &image);
+                assert_eq!(
+                    without.is_ok(),
+                    signed,
+                    "without the swapper: {tag} {without:?}"
+                );
+                assert_eq!(
+                    with.is_ok(),
+                    without.is_ok(),
+                    "{order:?}, verifier over {named}, {tag}: {with:?}"
+                );
+                if let Ok(stored) = &with {
+                    assert!(
+                        !stored.contains(&world.unsigned),
+                        "the unsigned image was admitted: {stored}"
+                    );
+                }
+                outcomes.push((order, named, tag, with));
+            }
+        }
+    }
+    assert_eq!(outcomes.iter().filter(|o| o.3.is_ok()).count(), 4);
+}
+
+fn signed_outcomes(world: &World) -> Vec<String> {
+    let rules = vec![world.rule("*")];
+    [Order::SwapperFirst, Order::VerifierFirst]
+        .into_iter()
+        .map(|order| {
+            admit(world, order, &rules, true, &world.image("signed")).expect("signed admitted")
+        })
+        .collect()
+}
+
+fn signature_verification_in_both_orders(world: World) {
+    // The signature is not in the mirror yet: admitted as without the swapper, at its source
+    // (which the verifier pins, in either order), not swapped.
+    eight_outcomes(&world);
+    let pinned = format!("{}@{}", world.image("signed"), world.signed);
+    assert_eq!(
+        signed_outcomes(&world),
+        vec![pinned.clone(), pinned],
+        "kept at its source while the mirror lacks the signature"
+    );
+    // Once the signature is copied, the signed image is swapped at its verified digest, in
+    // both orders, and every outcome is still the one without the swapper.
+    world.copy_signature();
+    eight_outcomes(&world);
+    let swapped = world.mirror_image("signed", &world.signed);
+    assert_eq!(signed_outcomes(&world), vec![swapped.clone(), swapped]);
+}
+
+#[test]
+fn key_signed_images_are_verified_as_without_the_swapper_in_both_orders() {
+    signature_verification_in_both_orders(World::start("sig-key", Signer::generate()));
+}
+
+#[test]
+fn certificate_signed_images_are_verified_as_without_the_swapper_in_both_orders() {
+    signature_verification_in_both_orders(World::start(
+        "sig-cert",
+        Signer::with_certificate("release@example.com"),
+    ));
+}
+
+/// The risk this setting removes: without it, the swapper first and a verifier over the
+/// sources, an unsigned image is swapped and never verified (KUBEWARDEN.md's measured table).
+#[test]
+fn without_signatures_an_unsigned_image_swapped_first_escapes_a_verifier_over_the_sources() {
+    let world = World::start("sig-off", Signer::generate());
+    let rules = vec![world.rule(&format!("{}/org/*", world.source.host))];
+    let admitted = admit(
+        &world,
+        Order::SwapperFirst,
+        &rules,
+        false,
+        &world.image("unsigned"),
+    );
+    assert_eq!(
+        admitted,
+        Ok(world.mirror_image("unsigned", &world.unsigned)),
+        "as today without signatures"
+    );
+}
+
+/// A mirror tag that names other content than the signed digest, beside that digest's
+/// signature, is never swapped to; a pinned image is swapped only to its own digest.
+#[test]
+fn a_mirror_copy_of_another_digest_is_never_swapped_to() {
+    let world = World::start("sig-other", Signer::generate());
+    world.copy_signature();
+    let other = Image::new("something else", "linux/amd64");
+    let other_digest = other.push(
+        &world.mirror,
+        &format!("cache/{REPOSITORY}"),
+        Some("signed"),
+    );
+    let settings = world.swapper_settings(true);
+    let host = shared(LiveHost::default());
+    let by_tag = swapper(
+        &settings,
+        &pod(&world.image("signed"))["object"],
+        host.clone(),
+    );
+    assert_eq!(by_tag, Ok(world.image("signed")), "kept at its source");
+    let pinned = format!("{}@{}", world.image("signed"), world.signed);
+    let by_digest = swapper(&settings, &pod(&pinned)["object"], host);
+    assert_eq!(
+        by_digest,
+        Ok(world.mirror_image("signed", &world.signed)),
+        "the verified digest, never {other_digest}"
+    );
+}
+
+/// The warning names the image and the host's reason; `onUnverified: reject` refuses instead.
+#[test]
+fn an_unverified_copy_is_kept_with_the_hosts_reason_or_refused() {
+    let world = World::start("sig-warn", Signer::generate());
+    let image = world.image("signed");
+    let mut settings = world.swapper_settings(true);
+    let response = validate(&settings, &pod(&image), shared(LiveHost::default()));
+    assert!(response.accepted);
+    let warning = response.warnings.join("\n");
+    let mirror = format!("{}/cache/{REPOSITORY}:signed", world.mirror.host);
+    assert!(
+        warning.contains(&format!("its copy there does not verify (not signed with its public key: no signatures found for image: {mirror})")),
+        "{warning}"
+    );
+    assert_eq!(response.audit["kept"][0]["reason"], json!("unverified"));
+    let record = response.unmirrored().expect("recorded for the fill job");
+    assert_eq!(
+        record["web"]["signatureCopy"],
+        json!(format!(
+            "skopeo copy --all --preserve-digests docker://{}/{REPOSITORY}:{tag} docker://{}/cache/{REPOSITORY}:{tag}",
+            world.source.host,
+            world.mirror.host,
+            tag = signature_tag(&world.signed)
+        ))
+    );
+    settings["onUnverified"] = json!("reject");
+    let response = validate(&settings, &pod(&image), shared(LiveHost::default()));
+    assert!(!response.accepted);
+    assert!(
+        response
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("onUnverified is reject")),
+        "{:?}",
+        response.message
+    );
+}
