@@ -202,7 +202,19 @@ pod_copies() {
                               $repository + ":" + ($ref.digest | sub(":"; "-"))]
        else [$ref.name + ":" + ($ref.tag // "latest"), $repository + ":" + ($ref.tag // "latest")] end) as $expected
     | if $copy and $image == $entry.source and $expected == [$copy.source, $copy.destination]
-      then "\($copy.source) \($copy.destination)"
+      then "\($copy.source) \($copy.destination)",
+        # With signatures: the cosign signature tag of the digest of the image, from the source
+        # repository to the mirror repository the image routes to, and nothing else.
+        (($entry.signatureCopy // "" | capture("^skopeo copy --all --preserve-digests docker://(?<source>[A-Za-z0-9._:@/-]+) docker://(?<destination>[A-Za-z0-9._:@/-]+)$")
+          // null) as $signature
+         | "[:]sha256-[0-9a-f]{64}[.]sig$" as $tag
+         | if $signature == null then empty
+           elif ($signature.source | test($tag)) and ($signature.destination | test($tag))
+             and ($signature.source | sub($tag; "")) == $ref.name
+             and ($signature.destination | sub($tag; "")) == $repository
+             and ($signature.source | split(":") | last) == ($signature.destination | split(":") | last)
+           then "\($signature.source) \($signature.destination)"
+           else "refused \($pod.metadata.namespace // "")/\($pod.metadata.name // "") container \($container): its signature copy is not the policy\u0027s own (\($entry.signatureCopy))" end)
       else "refused \($pod.metadata.namespace // "")/\($pod.metadata.name // "") container \($container): its record is not the policy\u0027s own (\($entry.copy // "no copy"))" end
   ' <<<"$documents" | while read -r line; do
     if [[ $line == refused\ * ]]; then

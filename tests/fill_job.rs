@@ -727,3 +727,107 @@ fn the_ecr_cronjobs_three_steps_fill_a_new_repository() {
         Some(digest.as_str())
     );
 }
+
+/// A Pod kept at its signed source image because the mirror's copy lacks the signature: the
+/// check role (with the same `signatures`) reports it with the copy that brings the signature,
+/// one fill-job run from that report copies it, and the next admission is swapped at the
+/// verified digest, through a verification the rig makes for real.
+#[test]
+fn the_check_role_reports_a_missing_signature_and_one_fill_run_brings_it() {
+    use rig::cosign::{Signer, signature_tag};
+    let cluster = Cluster::start("fill-sig");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let signer = Signer::generate();
+    let image = Image::new("app 1", "linux/amd64");
+    let digest = image.push(source, "org/app", Some("1"));
+    signer.sign(source, "org/app", &digest, &[]);
+    image.push(mirror, "hub/org/app", Some("1"));
+    let signatures =
+        json!([{"image": format!("{}/org/*", source.host), "pubKeys": [signer.public_pem]}]);
+    let mut check = cluster.settings("check");
+    check["signatures"] = signatures.clone();
+    let mut swap = cluster.settings("swap");
+    swap["signatures"] = signatures;
+    let running = cluster.source_image("org/app:1");
+
+    let request = pod_request("CREATE", web(&running));
+    let kept = validate(&swap, &request, shared(LiveHost::default()));
+    assert_eq!(
+        kept.image("containers", 0),
+        Some(running.as_str()),
+        "kept at its source: {kept:?}"
+    );
+    let tag = signature_tag(&digest);
+    let signature_line = format!(
+        "{}/org/app:{tag} {}/hub/org/app:{tag}",
+        source.host, mirror.host
+    );
+    // The Pod's record names the signature copy too, which the fill job reads from Pods.
+    let dir = tempdir("fill-sig");
+    let pods = write(
+        &dir,
+        "pods.json",
+        &list(vec![listed_pod(1, &kept, &request)]),
+    );
+    let settings_file = write(&dir, "settings.json", &swap);
+    let (ok, printed) = fill(
+        &[],
+        &[
+            "--list",
+            "--pods",
+            &pods.to_string_lossy(),
+            "--settings",
+            &settings_file.to_string_lossy(),
+        ],
+    );
+    assert!(
+        ok && printed.lines().any(|l| l == signature_line),
+        "{printed}"
+    );
+
+    let response = validate(
+        &check,
+        &audit_request(3, web(&running), json!({})),
+        shared(LiveHost::default()),
+    );
+    let message = response.message.clone().unwrap_or_default();
+    let copy = format!(
+        "skopeo copy --all --preserve-digests docker://{}/org/app:{tag} docker://{}/hub/org/app:{tag}",
+        source.host, mirror.host
+    );
+    assert!(!response.accepted, "a finding: {response:?}");
+    assert!(
+        message.contains("is in the mirror without a signature that verifies")
+            && message.contains(&copy),
+        "{message}"
+    );
+
+    let reports = write(
+        &dir,
+        "reports.json",
+        &list(vec![report("Report", 3, vec![result(POLICY, &response)])]),
+    );
+    let (ok, printed) = fill(&[&reports], &[]);
+    assert!(ok, "{printed}");
+    assert!(
+        mirror.digest_of("hub/org/app", &tag).is_some(),
+        "the signature is in the mirror: {printed}"
+    );
+
+    let swapped = validate(
+        &swap,
+        &pod_request("CREATE", web(&running)),
+        shared(LiveHost::default()),
+    );
+    assert_eq!(
+        swapped.image("containers", 0),
+        Some(format!("{}/hub/org/app:1@{digest}", mirror.host).as_str()),
+        "{swapped:?}"
+    );
+    let after = validate(
+        &check,
+        &audit_request(3, web(&running), json!({})),
+        shared(LiveHost::default()),
+    );
+    assert!(after.accepted, "{after:?}");
+}
