@@ -93,6 +93,60 @@ fn iterations(containers: usize) -> usize {
     }
 }
 
+/// One container, its mirror copy signed (key-based) on a registry on loopback, a fresh
+/// instance and a fresh host per admission (no cache): the admission without `signatures` (one
+/// existence lookup), and with a rule over the image (one verification, which stands in for
+/// the lookup).
+fn signatures(policy: &WasmPolicy) {
+    let registry = TestRegistry::start("bench-signatures").expect("registry (make deps)");
+    let signer = rig::cosign::Signer::generate();
+    let digest =
+        Image::new("signed app", "linux/amd64").push(&registry, "cache/org/app", Some("1"));
+    signer.sign(&registry, "cache/org/app", &digest, &[]);
+    let mirrors =
+        json!([{"source": "src.example.com", "target": format!("{}/cache", registry.host)}]);
+    let request = rig::pod_request(
+        "CREATE",
+        json!({"containers": [{"name": "web", "image": "src.example.com/org/app:1"}]}),
+    );
+    println!(
+        "\nsignatures: one container, a registry on loopback, fresh instance and host; ms per admission"
+    );
+    println!("| settings | host calls | median | p99 |");
+    println!("|---|---:|---:|---:|");
+    for (name, settings) in [
+        ("without signatures", json!({"mirrors": mirrors})),
+        (
+            "signatures (pubKeys)",
+            json!({"mirrors": mirrors, "signatures": [{"image": "src.example.com/org/*", "pubKeys": [signer.public_pem]}]}),
+        ),
+    ] {
+        let payload = json!({"settings": settings, "request": request}).to_string();
+        let runs = 200;
+        let mut times = Vec::with_capacity(runs);
+        let mut calls = 0;
+        for _ in 0..runs {
+            let host = Arc::new(Mutex::new(LiveHost::default()));
+            let started = Instant::now();
+            let evaluation = policy.call("validate", payload.as_bytes(), host.clone());
+            times.push(started.elapsed());
+            let response = rig::parse_response(&evaluation.result.expect("evaluation"));
+            assert_eq!(
+                response.image("containers", 0),
+                Some(format!("{}/cache/org/app:1@{digest}", registry.host).as_str()),
+                "{name}: swapped"
+            );
+            calls = host.lock().map(|h| h.exchanges.len()).unwrap_or(0);
+        }
+        times.sort_unstable();
+        println!(
+            "| {name} | {calls} | {} | {} |",
+            ms(times[runs / 2]),
+            ms(times[runs * 99 / 100])
+        );
+    }
+}
+
 fn fresh(policy: &WasmPolicy, payload: &[u8], host: SharedHost, runs: usize) -> Figures {
     let mut times = Vec::with_capacity(runs);
     let mut memory = 0;
@@ -140,6 +194,12 @@ fn main() {
     }
     let root = rig::root();
     let policy = rig::policy();
+    // `BENCH_ONLY=signatures make bench`: an admission with one verified image beside one
+    // without `signatures`.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("signatures") {
+        signatures(policy);
+        return;
+    }
     // `BENCH_ONLY=ordered make bench`: ordered mirrors at a distance only.
     if std::env::var("BENCH_ONLY").as_deref() == Ok("ordered") {
         distance(policy, true);
@@ -244,6 +304,7 @@ fn main() {
     if std::env::var("BENCH_ONLY").as_deref() == Ok("own-work") {
         return;
     }
+    signatures(policy);
 
     println!(
         "\nlive host (a registry on loopback, HEAD per lookup); fresh instance, times in ms per admission"
