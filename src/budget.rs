@@ -348,15 +348,7 @@ pub mod tests {
     }
 
     impl Registry for SlowRegistry {
-        fn verify(
-            &mut self,
-            image: &str,
-            _verification: &crate::signatures::Verification<'_>,
-        ) -> Result<String, LookupError> {
-            Err(LookupError::Failed(format!(
-                "{image}: this test registry does not verify"
-            )))
-        }
+        crate::registry::never_verifies!();
 
         fn manifest_digest(&mut self, _image: &str) -> Result<String, LookupError> {
             let ms = self
@@ -463,15 +455,7 @@ pub mod tests {
     }
 
     impl Registry for Hosts {
-        fn verify(
-            &mut self,
-            image: &str,
-            _verification: &crate::signatures::Verification<'_>,
-        ) -> Result<String, LookupError> {
-            Err(LookupError::Failed(format!(
-                "{image}: this test registry does not verify"
-            )))
-        }
+        crate::registry::never_verifies!();
 
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             let host = registry_host(image);

@@ -34,6 +34,26 @@ pub trait Registry {
     }
 }
 
+/// `Registry::verify` for the registries of unit tests that never verify: a lookup error.
+/// A macro, not a default method, so that no wrapper of a real registry forgets to pass
+/// verifications on.
+#[cfg(test)]
+macro_rules! never_verifies {
+    () => {
+        fn verify(
+            &mut self,
+            image: &str,
+            _verification: &crate::signatures::Verification<'_>,
+        ) -> Result<String, crate::registry::LookupError> {
+            Err(crate::registry::LookupError::Failed(format!(
+                "{image}: this test registry does not verify"
+            )))
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use never_verifies;
+
 /// The registry host of a fully qualified image reference: what a lookup's cost depends on.
 pub fn registry_host(image: &str) -> &str {
     image.split_once('/').map_or(image, |(host, _)| host)

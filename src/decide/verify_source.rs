@@ -671,15 +671,7 @@ mod tests {
     }
 
     impl Registry for Rationed {
-        fn verify(
-            &mut self,
-            image: &str,
-            _verification: &crate::signatures::Verification<'_>,
-        ) -> Result<String, LookupError> {
-            Err(LookupError::Failed(format!(
-                "{image}: this test registry does not verify"
-            )))
-        }
+        crate::registry::never_verifies!();
 
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             if self.allowed == 0 {
@@ -751,15 +743,7 @@ mod tests {
     struct NoSequences(FakeRegistry);
 
     impl Registry for NoSequences {
-        fn verify(
-            &mut self,
-            image: &str,
-            _verification: &crate::signatures::Verification<'_>,
-        ) -> Result<String, LookupError> {
-            Err(LookupError::Failed(format!(
-                "{image}: this test registry does not verify"
-            )))
-        }
+        crate::registry::never_verifies!();
 
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             self.0.manifest_digest(image)
@@ -799,15 +783,7 @@ mod tests {
     }
 
     impl Registry for Slow {
-        fn verify(
-            &mut self,
-            image: &str,
-            _verification: &crate::signatures::Verification<'_>,
-        ) -> Result<String, LookupError> {
-            Err(LookupError::Failed(format!(
-                "{image}: this test registry does not verify"
-            )))
-        }
+        crate::registry::never_verifies!();
 
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             self.clock.advance(self.latency);

@@ -585,15 +585,7 @@ mod tests {
     fn the_tag_after_a_missing_digest_is_not_asked_past_the_budget() {
         struct OneLookup(FakeRegistry);
         impl crate::registry::Registry for OneLookup {
-            fn verify(
-                &mut self,
-                image: &str,
-                _verification: &crate::signatures::Verification<'_>,
-            ) -> Result<String, LookupError> {
-                Err(LookupError::Failed(format!(
-                    "{image}: this test registry does not verify"
-                )))
-            }
+            crate::registry::never_verifies!();
 
             fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
                 self.0.manifest_digest(image)
@@ -670,15 +662,7 @@ mod tests {
     fn a_walk_the_budget_cuts_short_follows_on_lookup_error() {
         struct Once(FakeRegistry);
         impl crate::registry::Registry for Once {
-            fn verify(
-                &mut self,
-                image: &str,
-                _verification: &crate::signatures::Verification<'_>,
-            ) -> Result<String, LookupError> {
-                Err(LookupError::Failed(format!(
-                    "{image}: this test registry does not verify"
-                )))
-            }
+            crate::registry::never_verifies!();
 
             fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
                 match self.0.asked.len() {

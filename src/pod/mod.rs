@@ -857,15 +857,7 @@ mod tests {
     }
 
     impl Registry for Distant {
-        fn verify(
-            &mut self,
-            image: &str,
-            _verification: &crate::signatures::Verification<'_>,
-        ) -> Result<String, LookupError> {
-            Err(LookupError::Failed(format!(
-                "{image}: this test registry does not verify"
-            )))
-        }
+        crate::registry::never_verifies!();
 
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             self.clock.advance(Duration::from_millis(self.ms));
@@ -1082,15 +1074,7 @@ mod tests {
     }
 
     impl Registry for PerHost {
-        fn verify(
-            &mut self,
-            image: &str,
-            _verification: &crate::signatures::Verification<'_>,
-        ) -> Result<String, LookupError> {
-            Err(LookupError::Failed(format!(
-                "{image}: this test registry does not verify"
-            )))
-        }
+        crate::registry::never_verifies!();
 
         fn manifest_digest(&mut self, image: &str) -> Result<String, LookupError> {
             let host = crate::registry::registry_host(image);

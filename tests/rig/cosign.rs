@@ -48,7 +48,13 @@ pub struct Signer {
 
 impl Signer {
     pub fn generate() -> Signer {
-        let key = SigningKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
+        Signer::of(
+            SigningKey::random(&mut p256::elliptic_curve::rand_core::OsRng),
+            None,
+        )
+    }
+
+    fn of(key: SigningKey, certificate_pem: Option<String>) -> Signer {
         let public_pem = key
             .verifying_key()
             .to_public_key_pem(LineEnding::LF)
@@ -56,7 +62,7 @@ impl Signer {
         Signer {
             key,
             public_pem,
-            certificate_pem: None,
+            certificate_pem,
         }
     }
 
@@ -66,15 +72,7 @@ impl Signer {
             rcgen::generate_simple_self_signed(vec![email.to_string()]).expect("certificate");
         let key = SigningKey::from_pkcs8_der(&certified.key_pair.serialize_der())
             .expect("rcgen's key is P-256");
-        let public_pem = key
-            .verifying_key()
-            .to_public_key_pem(LineEnding::LF)
-            .expect("public key PEM");
-        Signer {
-            key,
-            public_pem,
-            certificate_pem: Some(certified.cert.pem()),
-        }
+        Signer::of(key, Some(certified.cert.pem()))
     }
 
     /// Signs `repository@digest` as cosign does, adding a layer to its `sha256-<hex>.sig` tag
