@@ -172,3 +172,31 @@ load helpers
 @test "check role with checkAdmissions (protect): a real admission is checked" {
   check_case check-protect-admission
 }
+
+@test "signatures: a mirror copy whose signature is in the mirror is swapped at the verified digest" {
+  check_case signatures-verified-swapped
+}
+
+@test "signatures: a certificate-signed copy is swapped at the verified digest" {
+  check_case signatures-certificate-swapped
+}
+
+@test "signatures: an image a verifier pinned first is swapped only to that digest" {
+  check_case signatures-pinned-by-verifier-swapped
+}
+
+@test "signatures: a copy whose signature the mirror lacks is kept, recorded with the signature copy" {
+  check_case signatures-unverified-kept
+}
+
+@test "signatures: an unsigned image is kept at its source, for the verifier to refuse" {
+  check_case signatures-unsigned-kept
+}
+
+@test "signatures: onUnverified reject refuses the Pod" {
+  check_case signatures-unverified-rejected
+}
+
+@test "signatures: a mirror tag naming another digest than the signed one is not swapped to" {
+  check_case signatures-other-digest-kept
+}

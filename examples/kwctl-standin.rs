@@ -19,7 +19,7 @@
 //! - without a replay file, lookups go to the registries named in the images, over plain HTTP.
 //!
 //! What it does not: pulling modules from registries, `--sources-path`, credentials, TLS,
-//! Sigstore verification, policy metadata (`kwctl annotate`), and any subcommand but `run`.
+//! verifying a module's own signature, policy metadata (`kwctl annotate`), and any subcommand but `run`.
 
 #[path = "../tests/rig/mod.rs"]
 mod rig;

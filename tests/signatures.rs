@@ -368,3 +368,306 @@ fn an_unverified_copy_is_kept_with_the_hosts_reason_or_refused() {
         response.message
     );
 }
+
+/// A certificate the host cannot verify with (no key usage, no code signing) is the host's
+/// error, in its words, read as a lookup error: not a refusal of the image, nothing swapped.
+/// (Real kwctl 1.35 answered the same text for such a certificate.)
+#[test]
+fn a_certificate_the_host_refuses_is_a_lookup_error_in_its_words() {
+    let world = World::start(
+        "sig-bare-cert",
+        Signer::with_bare_certificate("a@example.com"),
+    );
+    world.copy_signature();
+    let response = validate(
+        &world.swapper_settings(true),
+        &pod(&world.image("signed")),
+        shared(LiveHost::default()),
+    );
+    assert!(response.accepted);
+    assert_eq!(response.image("containers", 0), None);
+    assert!(
+        response.warned(
+            "could not look it up (Bundled certificate does not have digital signature key usage)"
+        ),
+        "{:?}",
+        response.warnings
+    );
+    assert_eq!(response.audit["kept"][0]["reason"], json!("lookup-error"));
+}
+
+/// Runs real kwctl (`KWCTL`) on one case against the registries (plain HTTP on loopback, named
+/// in `insecure_sources`), recording its host interactions, and writes the case to
+/// `e2e/cases/<name>`: the request, the settings, kwctl's session under a header that says how
+/// it was made, and what kwctl answered as the expectation (the figures of time left out).
+fn record_case(kwctl: &str, world: &World, name: &str, settings: &Value, image: &str) {
+    let dir = rig::root().join("e2e/cases").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("case directory");
+    let sources = std::env::temp_dir().join(format!("{name}-sources.yml"));
+    std::fs::write(
+        &sources,
+        format!(
+            "insecure_sources: [\"{}\", \"{}\"]\n",
+            world.source.host, world.mirror.host
+        ),
+    )
+    .expect("sources");
+    let request = pod(image);
+    std::fs::write(
+        dir.join("request.json"),
+        serde_json::to_string_pretty(&request).expect("JSON") + "\n",
+    )
+    .expect("request");
+    std::fs::write(
+        dir.join("settings.yml"),
+        serde_yaml::to_string(settings).expect("YAML"),
+    )
+    .expect("settings");
+    let session = std::env::temp_dir().join(format!("{name}-session.yml"));
+    let output = std::process::Command::new(kwctl)
+        .arg("run")
+        .arg("--settings-path")
+        .arg(dir.join("settings.yml"))
+        .arg("--request-path")
+        .arg(dir.join("request.json"))
+        .arg("--sources-path")
+        .arg(&sources)
+        .arg("--record-host-capabilities-interactions")
+        .arg(&session)
+        .arg(rig::root().join("annotated-policy.wasm"))
+        .output()
+        .expect("kwctl runs");
+    assert!(output.status.success(), "{name}: {output:?}");
+    let version = std::process::Command::new(kwctl)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .unwrap_or_default();
+    let header = format!(
+        "# Recorded by real kwctl ({version}) against CNCF distribution registries over plain HTTP on\n# loopback (insecure_sources), images signed as `cosign sign --key` signs them:\n# KWCTL=kwctl cargo test --test signatures record_signature_cases -- --ignored\n"
+    );
+    let recorded = std::fs::read_to_string(&session).expect("kwctl wrote the session");
+    std::fs::write(dir.join("session.yml"), header + &recorded).expect("session");
+
+    let answer: Value = serde_json::from_slice(&output.stdout).expect("kwctl's answer");
+    let mut expect = json!({"allowed": answer["allowed"]});
+    if let Some(patch) = answer["patch"].as_str() {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .expect("base64 patch");
+        let operations: Vec<Value> = serde_json::from_slice(&bytes).expect("JSON patch");
+        let mut paths = serde_json::Map::new();
+        for operation in operations {
+            if let Some(path) = operation["path"].as_str() {
+                paths.insert(path.to_string(), operation["value"].clone());
+            }
+        }
+        expect["patch"] = Value::Object(paths);
+    }
+    if let Some(warning) = answer["warnings"][0].as_str() {
+        expect["warning"] = json!(warning);
+    }
+    if let Some(message) = answer["status"]["message"].as_str() {
+        expect["message"] = json!(message);
+    }
+    let mut audit = serde_json::Map::new();
+    for (key, value) in answer["auditAnnotations"].as_object().into_iter().flatten() {
+        let mut value: Value =
+            serde_json::from_str(value.as_str().unwrap_or("null")).expect("JSON");
+        if let Some(summary) = value.as_object_mut().filter(|_| key == "summary") {
+            summary.remove("evaluationMilliseconds");
+            summary.remove("lookupMilliseconds");
+        }
+        audit.insert(key.clone(), value);
+    }
+    expect["auditAnnotations"] = Value::Object(audit);
+    std::fs::write(
+        dir.join("expect.json"),
+        serde_json::to_string_pretty(&expect).expect("JSON") + "\n",
+    )
+    .expect("expect");
+}
+
+/// The rig's answers to `v2/verify` are real kwctl's, to the letter: each request below is
+/// answered by kwctl (its session records the host's text) and by the rig's host, and the two
+/// are compared whole. Run by hand: `KWCTL=/path/to/kwctl cargo test --test signatures
+/// verification_texts_are_kwctls -- --ignored` after `make annotated-policy.wasm`.
+#[test]
+#[ignore = "needs real kwctl (KWCTL)"]
+fn verification_texts_are_kwctls() {
+    let kwctl = std::env::var("KWCTL").expect("KWCTL");
+    let world = World::start("sig-texts", Signer::generate());
+    world.copy_signature();
+    let stranger = Signer::generate();
+    let certified = Signer::with_certificate("other@example.com");
+    let mirror = |tag: &str| format!("{}/cache/{REPOSITORY}:{tag}", world.mirror.host);
+    let cases = [
+        (
+            "no signature tag",
+            world.swapper_settings(true),
+            mirror("unsigned"),
+        ),
+        ("signed", world.swapper_settings(true), mirror("signed")),
+        (
+            "the mirror lacks the image",
+            world.swapper_settings(true),
+            mirror("absent"),
+        ),
+        (
+            "another key",
+            json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "pubKeys": [stranger.public_pem]}]}),
+            mirror("signed"),
+        ),
+        (
+            "annotations the signature lacks",
+            json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "pubKeys": [world.signer.public_pem], "annotations": {"env": "prod"}}]}),
+            mirror("signed"),
+        ),
+        (
+            "another certificate",
+            json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "certificates": [certified.certificate_pem], "requireRekorBundle": false}]}),
+            mirror("signed"),
+        ),
+    ];
+    for (name, settings, _) in &cases {
+        let image = world.image(
+            if name.contains("unsigned") || name.starts_with("no signature") {
+                "unsigned"
+            } else if name.contains("lacks the image") {
+                "absent"
+            } else {
+                "signed"
+            },
+        );
+        let case = format!("sig-texts-{}", name.replace(' ', "-"));
+        record_case(&kwctl, &world, &case, settings, &image);
+        let dir = rig::root().join("e2e/cases").join(&case);
+        let session = std::fs::read_to_string(dir.join("session.yml")).expect("session");
+        let _ = std::fs::remove_dir_all(&dir);
+        let kwctl_host = rig::hosts::ReplayHost::parse(&session).expect("session");
+        let rig_host = LiveHost::default();
+        let mut rig_host = rig_host;
+        for exchange in kwctl_host.pending() {
+            let Some(fields) = &exchange.fields else {
+                continue;
+            };
+            let mut request = fields.clone();
+            request["type"] = json!(exchange.tag);
+            let ours = rig::wapc::Host::call(
+                &mut rig_host,
+                "kubewarden",
+                "oci",
+                "v2/verify",
+                request.to_string().as_bytes(),
+            )
+            .map(String::from_utf8)
+            .map(Result::unwrap_or_default);
+            println!("{name}: kwctl {:?}\n{name}: rig {ours:?}", exchange.answer);
+            match (&ours, &exchange.answer) {
+                // kwctl records an error's Display, the first part of the anyhow chain the
+                // guest gets from policy-server: ours must be that, then only its causes.
+                (Err(ours), Err(recorded)) => {
+                    let rest = ours.strip_prefix(recorded.as_str());
+                    assert!(
+                        rest.is_some_and(
+                            |rest| rest.is_empty() || rest.starts_with("\n\nCaused by:")
+                        ),
+                        "{name}: rig {ours:?}, kwctl {recorded:?}"
+                    );
+                }
+                _ => assert_eq!(&ours, &exchange.answer, "{name}"),
+            }
+        }
+    }
+}
+
+/// Records the e2e cases of `signatures` with real kwctl: swapped once the signature is in the
+/// mirror (by key, by certificate, and pinned as a verifier that runs first leaves the image),
+/// kept or refused while it is not, and kept when the mirror's tag names another digest than
+/// the one signed. Run by hand: `KWCTL=/path/to/kwctl cargo test --test signatures
+/// record_signature_cases -- --ignored` after `make annotated-policy.wasm`.
+#[test]
+#[ignore = "needs real kwctl (KWCTL)"]
+fn record_signature_cases() {
+    let kwctl = std::env::var("KWCTL").expect("KWCTL");
+    let keyed = World::start("e2e-sig-key", Signer::generate());
+    let settings = keyed.swapper_settings(true);
+    let mut rejecting = settings.clone();
+    rejecting["onUnverified"] = json!("reject");
+    let signed = keyed.image("signed");
+    record_case(
+        &kwctl,
+        &keyed,
+        "signatures-unverified-kept",
+        &settings,
+        &signed,
+    );
+    record_case(
+        &kwctl,
+        &keyed,
+        "signatures-unverified-rejected",
+        &rejecting,
+        &signed,
+    );
+    record_case(
+        &kwctl,
+        &keyed,
+        "signatures-unsigned-kept",
+        &settings,
+        &keyed.image("unsigned"),
+    );
+    keyed.copy_signature();
+    record_case(
+        &kwctl,
+        &keyed,
+        "signatures-verified-swapped",
+        &settings,
+        &signed,
+    );
+    let pinned = format!("{signed}@{}", keyed.signed);
+    record_case(
+        &kwctl,
+        &keyed,
+        "signatures-pinned-by-verifier-swapped",
+        &settings,
+        &pinned,
+    );
+
+    let certified = World::start(
+        "e2e-sig-cert",
+        Signer::with_certificate("release@example.com"),
+    );
+    certified.copy_signature();
+    let settings = certified.swapper_settings(true);
+    record_case(
+        &kwctl,
+        &certified,
+        "signatures-certificate-swapped",
+        &settings,
+        &certified.image("signed"),
+    );
+
+    let other = World::start("e2e-sig-other", Signer::generate());
+    other.copy_signature();
+    Image::new("another build", "linux/amd64").push(
+        &other.mirror,
+        &format!("cache/{REPOSITORY}"),
+        Some("signed"),
+    );
+    let settings = other.swapper_settings(true);
+    record_case(
+        &kwctl,
+        &other,
+        "signatures-other-digest-kept",
+        &settings,
+        &other.image("signed"),
+    );
+}

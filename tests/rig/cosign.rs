@@ -66,13 +66,35 @@ impl Signer {
         }
     }
 
-    /// A key and its self-signed certificate for `email`.
+    /// A key and its self-signed certificate for `email`, as a code-signing certificate is
+    /// made: a subject alternative name, the key usage `usage`, and the extended key usage
+    /// code signing (sigstore-rs `verify_key_usages` and `verify_has_san` require them).
     pub fn with_certificate(email: &str) -> Signer {
+        Signer::with_certificate_usage(email, rcgen::KeyUsagePurpose::DigitalSignature)
+    }
+
+    /// A key and a bare self-signed certificate (no key usage, no extended key usage), which
+    /// the host refuses to verify with.
+    pub fn with_bare_certificate(email: &str) -> Signer {
         let certified =
             rcgen::generate_simple_self_signed(vec![email.to_string()]).expect("certificate");
         let key = SigningKey::from_pkcs8_der(&certified.key_pair.serialize_der())
             .expect("rcgen's key is P-256");
         Signer::of(key, Some(certified.cert.pem()))
+    }
+
+    pub fn with_certificate_usage(email: &str, usage: rcgen::KeyUsagePurpose) -> Signer {
+        let key_pair = rcgen::KeyPair::generate().expect("key pair");
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = vec![rcgen::SanType::Rfc822Name(
+            email.to_string().try_into().expect("an email address"),
+        )];
+        params.key_usages = vec![usage];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::CodeSigning];
+        let certificate = params.self_signed(&key_pair).expect("certificate");
+        let key =
+            SigningKey::from_pkcs8_der(&key_pair.serialize_der()).expect("rcgen's key is P-256");
+        Signer::of(key, Some(certificate.pem()))
     }
 
     /// Signs `repository@digest` as cosign does, adding a layer to its `sha256-<hex>.sig` tag
@@ -275,7 +297,8 @@ pub fn judge(request: &Value, layers: &[SignatureLayer]) -> Result<(), String> {
         "SigstoreCertificateVerify" => {
             let pem: Vec<u8> =
                 serde_json::from_value(request["certificate"].clone()).unwrap_or_default();
-            let key = certificate_key(&pem).map_err(|e| format!("verification failed: {e}"))?;
+            // `CertificateVerifier::from_pem(..)?` in policy-evaluator: its words alone.
+            let key = certificate_key(&pem)?;
             let satisfied = layers
                 .iter()
                 .any(|l| l.signed_by(&key) && l.carries(annotations.as_ref()));
@@ -293,12 +316,38 @@ pub fn judge(request: &Value, layers: &[SignatureLayer]) -> Result<(), String> {
     }
 }
 
-/// The P-256 public key of a PEM certificate.
+/// The P-256 public key of a PEM certificate, once it passes sigstore-rs 0.13's checks in
+/// `CertificateVerifier::from_der` (`crypto/certificate.rs`), in their order and words: a key
+/// usage extension, the extended key usage code signing, a subject alternative name, and not
+/// before its validity. (Its check of the key usage bits is not modelled: real kwctl 1.35
+/// accepted certificates with digitalSignature and with contentCommitment alike.)
 fn certificate_key(pem: &[u8]) -> Result<VerifyingKey, String> {
     use x509_cert::der::{DecodePem, Encode};
+    use x509_cert::ext::pkix::{ExtendedKeyUsage, KeyUsage, SubjectAltName};
     let certificate = x509_cert::Certificate::from_pem(pem).map_err(|e| e.to_string())?;
-    let spki = certificate
-        .tbs_certificate
+    let tbs = &certificate.tbs_certificate;
+    if !matches!(tbs.get::<KeyUsage>(), Ok(Some(_))) {
+        return Err("Bundled certificate does not have digital signature key usage".to_string());
+    }
+    let code_signing = x509_cert::der::oid::ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.3");
+    match tbs.get::<ExtendedKeyUsage>() {
+        Ok(Some((_, usages))) if usages.0.contains(&code_signing) => {}
+        _ => {
+            return Err(
+                "Bundled certificate does not have code signing extended key usage".to_string(),
+            );
+        }
+    }
+    if !matches!(tbs.get::<SubjectAltName>(), Ok(Some(_))) {
+        return Err("Certificate without Subject Alternative Name".to_string());
+    }
+    if std::time::SystemTime::now() < tbs.validity.not_before.to_system_time() {
+        return Err(format!(
+            "Certificate validity check failed: cannot be used before {}",
+            tbs.validity.not_before
+        ));
+    }
+    let spki = tbs
         .subject_public_key_info
         .to_der()
         .map_err(|e| e.to_string())?;

@@ -35,6 +35,8 @@ fn session_tag(operation: &str) -> Option<&'static str> {
 pub struct Exchange {
     pub tag: String,
     pub image: String,
+    /// A verification's whole request (its fields but `type`), which kwctl compares whole.
+    pub fields: Option<Value>,
     pub answer: Result<String, String>,
     /// What the answer took when recorded; replayed as a wait before it.
     pub took: Duration,
@@ -48,9 +50,14 @@ impl Exchange {
             Ok(payload) => format!("    type: Success\n    payload: {}\n", quote(payload)),
             Err(message) => format!("    type: Error\n    message: {}\n", quote(message)),
         };
+        let request = match &self.fields {
+            None => format!("image: {}\n", self.image),
+            Some(fields) => serde_yaml::to_string(fields).unwrap_or_default(),
+        };
+        let request: String = request.lines().map(|l| format!("    {l}\n")).collect();
         format!(
-            "- type: Exchange\n  request: |\n    !{}\n    image: {}\n  response:\n{response}",
-            self.tag, self.image
+            "- type: Exchange\n  request: |\n    !{}\n{request}  response:\n{response}",
+            self.tag
         )
     }
 }
@@ -474,7 +481,11 @@ impl LiveHost {
         }
         super::cosign::judge(request, &layers)
             .map_err(|text| anyhow_debug(&[text], self.backtrace))?;
-        Ok(json!({"is_trusted": true, "digest": digest}).to_string())
+        // The SDK's `VerificationResponse`, fields in its order.
+        Ok(format!(
+            r#"{{"is_trusted":true,"digest":{}}}"#,
+            Value::from(digest)
+        ))
     }
 
     pub fn lookups(&self) -> Vec<String> {
@@ -500,6 +511,7 @@ impl Host for LiveHost {
             self.exchanges.push(Exchange {
                 tag: request["type"].as_str().unwrap_or_default().to_string(),
                 image: request["image"].as_str().unwrap_or_default().to_string(),
+                fields: Some(verification_fields(&request)),
                 answer: answer.clone(),
                 took: Duration::ZERO,
             });
@@ -522,6 +534,7 @@ impl Host for LiveHost {
         self.exchanges.push(Exchange {
             tag: tag.to_string(),
             image,
+            fields: None,
             answer: answer.clone(),
             took: Duration::ZERO,
         });
@@ -549,13 +562,29 @@ enum RecordedResponse {
     Error { message: String },
 }
 
-/// Named as kwctl tags them in session files.
-#[derive(Deserialize)]
-#[allow(clippy::enum_variant_names)]
-enum RecordedRequest {
-    OciManifestDigest { image: String },
-    OciManifest { image: String },
-    OciManifestAndConfig { image: String },
+/// A verification request without its `type`: what a session records under the type's tag.
+fn verification_fields(request: &Value) -> Value {
+    let mut fields = request.clone();
+    if let Some(map) = fields.as_object_mut() {
+        map.remove("type");
+    }
+    fields
+}
+
+/// A session's request: `!Tag` then its fields (`image`, and a verification's keys,
+/// certificates and annotations), as kwctl writes policy-evaluator's `CallbackRequestType`.
+fn recorded_request(text: &str) -> anyhow::Result<(String, String, Option<Value>)> {
+    let serde_yaml::Value::Tagged(tagged) = serde_yaml::from_str::<serde_yaml::Value>(text)? else {
+        anyhow::bail!("a session request without its !Tag: {text}");
+    };
+    let tag = tagged.tag.to_string().trim_start_matches('!').to_string();
+    let fields: Value = serde_json::to_value(&tagged.value)?;
+    let image = fields["image"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("a session request without an image: {text}"))?
+        .to_string();
+    let verification = tag.starts_with("Sigstore").then_some(fields);
+    Ok((tag, image, verification))
 }
 
 /// Plays a `kwctl` session file back strictly in order, as `--replay-host-capabilities-interactions` does.
@@ -578,18 +607,15 @@ impl ReplayHost {
         let recorded: Vec<RecordedExchange> = serde_yaml::from_str(text)?;
         let mut pending = VecDeque::new();
         for exchange in recorded {
-            let (tag, image) = match serde_yaml::from_str::<RecordedRequest>(&exchange.request)? {
-                RecordedRequest::OciManifestDigest { image } => ("OciManifestDigest", image),
-                RecordedRequest::OciManifest { image } => ("OciManifest", image),
-                RecordedRequest::OciManifestAndConfig { image } => ("OciManifestAndConfig", image),
-            };
+            let (tag, image, fields) = recorded_request(&exchange.request)?;
             let answer = match exchange.response {
                 RecordedResponse::Success { payload } => Ok(payload),
                 RecordedResponse::Error { message } => Err(message),
             };
             pending.push_back(Exchange {
-                tag: tag.to_string(),
+                tag,
                 image,
+                fields,
                 answer,
                 took: Duration::from_millis(exchange.took_ms),
             });
@@ -620,15 +646,34 @@ impl Host for ReplayHost {
         operation: &str,
         payload: &[u8],
     ) -> Result<Vec<u8>, String> {
-        let image = parse_image_payload(payload)?;
-        let tag = session_tag(operation).unwrap_or("unknown");
+        // A verification is a JSON request whose `type` is its session tag; a lookup, an image.
+        let (tag, image, fields) = if operation == "v2/verify" {
+            let request: Value = serde_json::from_slice(payload)
+                .map_err(|e| format!("the verification request is not JSON: {e}"))?;
+            let tag = request["type"].as_str().unwrap_or("unknown").to_string();
+            let image = request["image"].as_str().unwrap_or_default().to_string();
+            (tag, image, Some(verification_fields(&request)))
+        } else {
+            let image = parse_image_payload(payload)?;
+            (
+                session_tag(operation).unwrap_or("unknown").to_string(),
+                image,
+                None,
+            )
+        };
         self.calls.push(format!("{tag} {image}"));
         // Like kwctl, the entry is consumed before it is compared; the texts are kwctl's
         // (`produce_recorded_response`, kwctl `src/callback_handler/proxy.rs`, v1.35.0), where
-        // the requests print as policy-evaluator's `CallbackRequestType` derives `Debug`.
-        let asked = format!("{tag} {{ image: {image:?} }}");
+        // the requests print as policy-evaluator's `CallbackRequestType` derives `Debug` (a
+        // verification's other fields are shown here as JSON, not in that form).
+        let asked = match &fields {
+            None => format!("{tag} {{ image: {image:?} }}"),
+            Some(fields) => format!("{tag} {fields}"),
+        };
         match self.pending.pop_front() {
-            Some(expected) if expected.tag == tag && expected.image == image => {
+            Some(expected)
+                if expected.tag == tag && expected.image == image && expected.fields == fields =>
+            {
                 std::thread::sleep(expected.took);
                 match expected.answer {
                     Ok(payload) => Ok(payload.into_bytes()),
@@ -638,9 +683,12 @@ impl Host for ReplayHost {
             }
             Some(expected) => {
                 self.unexpected += 1;
+                let was = match &expected.fields {
+                    None => format!("{} {{ image: {:?} }}", expected.tag, expected.image),
+                    Some(fields) => format!("{} {fields}", expected.tag),
+                };
                 Err(format!(
-                    "Replay error: unexpected request. Was expecting {} {{ image: {:?} }}, got {asked} instead",
-                    expected.tag, expected.image
+                    "Replay error: unexpected request. Was expecting {was}, got {asked} instead"
                 ))
             }
             None => {
