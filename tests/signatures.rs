@@ -82,7 +82,11 @@ impl World {
     fn rule(&self, image: &str) -> Value {
         match &self.signer.certificate_pem {
             Some(certificate) => {
-                json!({"image": image, "certificates": [certificate], "requireRekorBundle": false})
+                let mut rule = json!({"image": image, "certificates": [certificate], "requireRekorBundle": false});
+                if let Some(chain) = &self.signer.chain_pem {
+                    rule["certificateChain"] = json!([chain]);
+                }
+                rule
             }
             None => json!({"image": image, "pubKeys": [self.signer.public_pem]}),
         }
@@ -146,7 +150,13 @@ fn verifier(rules: &[Value], image: &str, host: &SharedHost) -> Admitted {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|c| json!({"type": "SigstoreCertificateVerify", "image": image, "certificate": c.as_str().unwrap_or_default().as_bytes(), "certificate_chain": null, "require_rekor_bundle": false, "annotations": null}))
+                .map(|c| {
+                    // The SDK sends PEM texts as their bytes.
+                    let chain: Option<Vec<&[u8]>> = rule["certificateChain"].as_array().map(|chain| {
+                        chain.iter().filter_map(Value::as_str).map(str::as_bytes).collect()
+                    });
+                    json!({"type": "SigstoreCertificateVerify", "image": image, "certificate": c.as_str().unwrap_or_default().as_bytes(), "certificate_chain": chain, "require_rekor_bundle": false, "annotations": null})
+                })
                 .collect(),
             None => vec![json!({"type": "SigstorePubKeyVerify", "image": image, "pub_keys": rule["pubKeys"], "annotations": null})],
         };
@@ -166,7 +176,9 @@ fn verifier(rules: &[Value], image: &str, host: &SharedHost) -> Admitted {
                     }
                 }
                 Err(error) => {
-                    errors.push(format!("verification of image {image} failed: Host error: Callback evaluation failure: {error}"));
+                    // The SDK 0.17's `Error::HostCall`, around the waPC guest's text, as the real
+                    // verifier words it.
+                    errors.push(format!("verification of image {image} failed: error invoking host capability oci.verify: Host error: {}{error}", rig::wapc::CALLBACK_FAILURE));
                     break;
                 }
             }
@@ -496,6 +508,147 @@ fn record_case(kwctl: &str, world: &World, name: &str, settings: &Value, image: 
     .expect("expect");
 }
 
+/// One webhook through real kwctl, its lookups live (the registries named in
+/// `insecure_sources`): the object it stores, or its refusal.
+fn kwctl_webhook(
+    kwctl: &str,
+    module: &str,
+    settings: &Value,
+    object: &Value,
+    sources: &std::path::Path,
+) -> Admitted {
+    let dir = std::env::temp_dir().join("sig-chain");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut request = pod("");
+    request["object"] = object.clone();
+    std::fs::write(dir.join("request.json"), request.to_string()).expect("request");
+    std::fs::write(dir.join("settings.json"), settings.to_string()).expect("settings");
+    let output = std::process::Command::new(kwctl)
+        .arg("run")
+        .arg("--settings-path")
+        .arg(dir.join("settings.json"))
+        .arg("--request-path")
+        .arg(dir.join("request.json"))
+        .arg("--sources-path")
+        .arg(sources)
+        .arg(module)
+        .output()
+        .expect("kwctl runs");
+    let answer: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{module}: {e}: {output:?}"));
+    if answer["allowed"] != json!(true) {
+        return Err(answer["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string());
+    }
+    let Some(patch) = answer["patch"].as_str() else {
+        return Ok(image_of(object));
+    };
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .expect("base64");
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("JSON patch");
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &patch).expect("the patch applies");
+    Ok(image_of(&patched))
+}
+
+/// The chain of the tests above, with the real verify-image-signatures module and the real
+/// kwctl instead of the rig: every outcome (the image stored, or a refusal) is the rig's.
+/// Run by hand: `KWCTL=... VERIFIER_WASM=verify_image_signatures.wasm cargo test --test
+/// signatures the_chain_is_the_real_verifiers -- --ignored` (build the verifier from
+/// kubewarden/policies; it is not part of this repository).
+#[test]
+#[ignore = "needs real kwctl (KWCTL) and verify-image-signatures (VERIFIER_WASM)"]
+fn the_chain_is_the_real_verifiers() {
+    let kwctl = std::env::var("KWCTL").expect("KWCTL");
+    let verifier_wasm = std::env::var("VERIFIER_WASM").expect("VERIFIER_WASM");
+    let swapper_wasm = rig::root().join("annotated-policy.wasm");
+    let swapper_wasm = swapper_wasm.to_string_lossy();
+    for signer in [
+        Signer::generate(),
+        Signer::with_certificate("release@example.com"),
+    ] {
+        let world = World::start("sig-chain", signer);
+        let sources = std::env::temp_dir().join("sig-chain-sources.yml");
+        std::fs::write(
+            &sources,
+            format!(
+                "insecure_sources: [\"{}\", \"{}\"]\n",
+                world.source.host, world.mirror.host
+            ),
+        )
+        .expect("sources");
+        let by_source = vec![world.rule(&format!("{}/org/*", world.source.host))];
+        let everything = vec![world.rule("*")];
+        for copied in [false, true] {
+            if copied {
+                world.copy_signature();
+            }
+            for order in [Order::SwapperFirst, Order::VerifierFirst] {
+                for rules in [&by_source, &everything] {
+                    for signatures in [false, true] {
+                        for tag in ["unsigned", "signed"] {
+                            let image = world.image(tag);
+                            let swapper_settings = world.swapper_settings(signatures);
+                            let verifier_settings = json!({"signatures": rules});
+                            let real = match order {
+                                Order::SwapperFirst => kwctl_webhook(
+                                    &kwctl,
+                                    &swapper_wasm,
+                                    &swapper_settings,
+                                    &pod(&image)["object"],
+                                    &sources,
+                                )
+                                .and_then(|stored| {
+                                    kwctl_webhook(
+                                        &kwctl,
+                                        &verifier_wasm,
+                                        &verifier_settings,
+                                        &pod(&stored)["object"],
+                                        &sources,
+                                    )
+                                }),
+                                Order::VerifierFirst => kwctl_webhook(
+                                    &kwctl,
+                                    &verifier_wasm,
+                                    &verifier_settings,
+                                    &pod(&image)["object"],
+                                    &sources,
+                                )
+                                .and_then(|stored| {
+                                    kwctl_webhook(
+                                        &kwctl,
+                                        &swapper_wasm,
+                                        &swapper_settings,
+                                        &pod(&stored)["object"],
+                                        &sources,
+                                    )
+                                }),
+                            };
+                            let ours = admit(&world, order, rules, signatures, &image);
+                            println!(
+                                "{order:?} copied={copied} signatures={signatures} {} {tag}: {real:?}",
+                                rules[0]["image"]
+                            );
+                            assert_eq!(
+                                real.is_ok(),
+                                ours.is_ok(),
+                                "{order:?} {tag}: real {real:?}, rig {ours:?}"
+                            );
+                            if let (Ok(real), Ok(ours)) = (&real, &ours) {
+                                assert_eq!(real, ours, "{order:?} {tag}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The rig's answers to `v2/verify` are real kwctl's, to the letter: each request below is
 /// answered by kwctl (its session records the host's text) and by the rig's host, and the two
 /// are compared whole. Run by hand: `KWCTL=/path/to/kwctl cargo test --test signatures
@@ -533,7 +686,7 @@ fn verification_texts_are_kwctls() {
         ),
         (
             "another certificate",
-            json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "certificates": [certified.certificate_pem], "requireRekorBundle": false}]}),
+            json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "certificates": [certified.certificate_pem], "certificateChain": [certified.chain_pem], "requireRekorBundle": false}]}),
             mirror("signed"),
         ),
     ];

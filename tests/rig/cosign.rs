@@ -44,6 +44,8 @@ pub struct Signer {
     pub public_pem: String,
     /// PEM `CERTIFICATE` of the key, when made with one: what a `certificates` rule lists.
     pub certificate_pem: Option<String>,
+    /// PEM `CERTIFICATE` of the CA that issued it: what `certificateChain` lists.
+    pub chain_pem: Option<String>,
 }
 
 impl Signer {
@@ -63,11 +65,14 @@ impl Signer {
             key,
             public_pem,
             certificate_pem,
+            chain_pem: None,
         }
     }
 
-    /// A key and its self-signed certificate for `email`, as a code-signing certificate is
-    /// made: a subject alternative name, the key usage `usage`, and the extended key usage
+    /// A key and its code-signing certificate for `email`, issued by a CA of its own (as
+    /// verify-image-signatures' settings need: it checks each certificate against
+    /// `certificateChain`, or the host's roots without one, when the policy is loaded): a
+    /// subject alternative name, the key usage digitalSignature, and the extended key usage
     /// code signing (sigstore-rs `verify_key_usages` and `verify_has_san` require them).
     pub fn with_certificate(email: &str) -> Signer {
         Signer::with_certificate_usage(email, rcgen::KeyUsagePurpose::DigitalSignature)
@@ -84,6 +89,17 @@ impl Signer {
     }
 
     pub fn with_certificate_usage(email: &str, usage: rcgen::KeyUsagePurpose) -> Signer {
+        let ca_key = rcgen::KeyPair::generate().expect("CA key pair");
+        let mut ca_params = rcgen::CertificateParams::default();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "image-swapper test CA");
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
         let key_pair = rcgen::KeyPair::generate().expect("key pair");
         let mut params = rcgen::CertificateParams::default();
         params.subject_alt_names = vec![rcgen::SanType::Rfc822Name(
@@ -91,10 +107,14 @@ impl Signer {
         )];
         params.key_usages = vec![usage];
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::CodeSigning];
-        let certificate = params.self_signed(&key_pair).expect("certificate");
+        let certificate = params
+            .signed_by(&key_pair, &ca, &ca_key)
+            .expect("certificate");
         let key =
             SigningKey::from_pkcs8_der(&key_pair.serialize_der()).expect("rcgen's key is P-256");
-        Signer::of(key, Some(certificate.pem()))
+        let mut signer = Signer::of(key, Some(certificate.pem()));
+        signer.chain_pem = Some(ca.pem());
+        signer
     }
 
     /// Signs `repository@digest` as cosign does, adding a layer to its `sha256-<hex>.sig` tag
@@ -299,6 +319,13 @@ pub fn judge(request: &Value, layers: &[SignatureLayer]) -> Result<(), String> {
                 serde_json::from_value(request["certificate"].clone()).unwrap_or_default();
             // `CertificateVerifier::from_pem(..)?` in policy-evaluator: its words alone.
             let key = certificate_key(&pem)?;
+            let chain: Vec<Vec<u8>> =
+                serde_json::from_value(request["certificate_chain"].clone()).unwrap_or_default();
+            if !chain.is_empty() && !issued_by_one_of(&pem, &chain) {
+                // sigstore-rs `CertificatePool::verify_der_cert` (webpki): its exact words
+                // were not confirmed here.
+                return Err("Certificate pool error: UnknownIssuer".to_string());
+            }
             let satisfied = layers
                 .iter()
                 .any(|l| l.signed_by(&key) && l.carries(annotations.as_ref()));
@@ -314,6 +341,30 @@ pub fn judge(request: &Value, layers: &[SignatureLayer]) -> Result<(), String> {
         // Keyless: no layer here carries a Fulcio certificate, so no constraint is met.
         _ => Err("Image verification failed: missing signatures\nThe following constraints were not satisfied:\n".to_string()),
     }
+}
+
+/// Whether the PEM certificate `pem` is signed (ECDSA P-256, SHA-256) by the key of one of the
+/// PEM certificates of `chain`: the rig's stand-in for webpki's path building, enough for a
+/// leaf issued by a CA.
+fn issued_by_one_of(pem: &[u8], chain: &[Vec<u8>]) -> bool {
+    use x509_cert::der::{DecodePem, Encode};
+    let Ok(leaf) = x509_cert::Certificate::from_pem(pem) else {
+        return false;
+    };
+    let (Ok(tbs), Some(signature)) = (leaf.tbs_certificate.to_der(), leaf.signature.as_bytes())
+    else {
+        return false;
+    };
+    let Ok(signature) = DerSignature::from_bytes(signature) else {
+        return false;
+    };
+    chain.iter().any(|issuer| {
+        x509_cert::Certificate::from_pem(issuer)
+            .ok()
+            .and_then(|issuer| issuer.tbs_certificate.subject_public_key_info.to_der().ok())
+            .and_then(|spki| VerifyingKey::from_public_key_der(&spki).ok())
+            .is_some_and(|key| key.verify(&tbs, &signature).is_ok())
+    })
 }
 
 /// The P-256 public key of a PEM certificate, once it passes sigstore-rs 0.13's checks in
