@@ -367,6 +367,69 @@ pub mod tests {
         }
     }
 
+    /// Lookups take `lookup_ms`, verifications `verify_ms`, on one registry.
+    struct Verifying {
+        clock: FakeClock,
+        lookup_ms: u64,
+        verify_ms: u64,
+    }
+
+    impl Registry for Verifying {
+        fn verify(
+            &mut self,
+            _image: &str,
+            _verification: &Verification<'_>,
+        ) -> Result<String, LookupError> {
+            self.clock.advance(Duration::from_millis(self.verify_ms));
+            Ok("sha256:x".to_string())
+        }
+
+        fn manifest_digest(&mut self, _image: &str) -> Result<String, LookupError> {
+            self.clock.advance(Duration::from_millis(self.lookup_ms));
+            Ok("sha256:x".to_string())
+        }
+
+        fn manifest(&mut self, _image: &str) -> Result<Manifest, LookupError> {
+            Err(LookupError::Failed("not used".to_string()))
+        }
+    }
+
+    const KEYS: [String; 0] = [];
+
+    /// A verification before the registry's first is predicted at two of its lookups; after,
+    /// at its slowest verification.
+    #[rstest::rstest]
+    #[case::two_lookups_fit(200, 400, 2, Some(Refusal { registry: "m.io".into(), needed_ms: 400, left_ms: 200 }))]
+    #[case::two_lookups_do_not_fit(300, 400, 1, Some(Refusal { registry: "m.io".into(), needed_ms: 600, left_ms: 500 }))]
+    fn verifications_are_predicted_from_the_registrys_own_timing(
+        #[case] lookup_ms: u64,
+        #[case] verify_ms: u64,
+        #[case] calls: usize,
+        #[case] refusal: Option<Refusal>,
+    ) {
+        let clock = FakeClock::default();
+        let mut registry = Verifying {
+            clock: clock.clone(),
+            lookup_ms,
+            verify_ms,
+        };
+        let mut budgeted = Budgeted::new(&mut registry, &clock, Duration::from_millis(800));
+        let verification = Verification::PubKeys {
+            keys: &KEYS,
+            annotations: None,
+        };
+        assert!(budgeted.manifest_digest("m.io/a:1").is_ok());
+        let mut refused = None;
+        for _ in 0..3 {
+            if let Err(LookupError::OverBudget(why)) = budgeted.verify("m.io/a:1", &verification) {
+                refused = Some(why);
+                break;
+            }
+        }
+        assert_eq!(budgeted.report().lookups, calls);
+        assert_eq!(refused, refusal);
+    }
+
     /// Runs `tries` lookups under a budget of `limit_ms` and says how many were made.
     fn run(limit_ms: u64, latencies: &[u64], tries: usize) -> (usize, BudgetReport) {
         run_after(0, limit_ms, latencies, tries)

@@ -408,6 +408,106 @@ fn a_certificate_the_host_refuses_is_a_lookup_error_in_its_words() {
     assert_eq!(response.audit["kept"][0]["reason"], json!("lookup-error"));
 }
 
+/// Verifications at a distance, within the budget: eight signed images on a mirror 50 ms away
+/// (behind the rig's latency proxy, under both host models), every signature copied. The
+/// first verification starts on the fresh budget, later ones only while the registry's slowest
+/// verification fits; the images not verified follow `onLookupError` with the budget's
+/// warning, and none is swapped unverified. The evaluation ends within the budget and one
+/// verification.
+#[test]
+fn verifications_at_a_distance_stay_within_the_budget() {
+    use rig::proxy::{HostModel, LatencyProxy, Transport};
+    use std::time::{Duration, Instant};
+    let world = World::start("sig-far", Signer::generate());
+    let mirrored = format!("cache/{REPOSITORY}");
+    let digests: Vec<String> = (0..8)
+        .map(|i| {
+            let image = Image::new(&format!("far app {i}"), "linux/amd64");
+            let tag = format!("v{i}");
+            let digest = image.push(&world.source, REPOSITORY, Some(&tag));
+            world.signer.sign(&world.source, REPOSITORY, &digest, &[]);
+            image.push(&world.mirror, &mirrored, Some(&tag));
+            world.signer.sign(&world.mirror, &mirrored, &digest, &[]);
+            digest
+        })
+        .collect();
+    rig::policy();
+    for model in HostModel::ALL {
+        let far = LatencyProxy::start_as(
+            &world.mirror.host,
+            Duration::from_millis(50),
+            model,
+            Transport::Https,
+        )
+        .expect("proxy");
+        let mut settings = world.swapper_settings(true);
+        settings["mirrors"][0]["target"] = json!(format!("{}/cache", far.host));
+        // One image first: what one verification costs at this distance.
+        let one = Instant::now();
+        let single = validate(
+            &settings,
+            &pod(&world.image("v0")),
+            shared(LiveHost::default()),
+        );
+        let verification = one.elapsed();
+        assert_eq!(
+            single.image("containers", 0),
+            Some(format!("{}/cache/{REPOSITORY}:v0@{}", far.host, digests[0]).as_str()),
+            "{}: {single:?}",
+            model.name()
+        );
+        let containers: Vec<Value> = (0..8)
+            .map(|i| json!({"name": format!("c{i}"), "image": world.image(&format!("v{i}"))}))
+            .collect();
+        let request = pod_request("CREATE", json!({ "containers": containers }));
+        let host = shared(LiveHost::default());
+        let started = Instant::now();
+        let response = validate(&settings, &request, host.clone());
+        let took = started.elapsed();
+        assert!(response.accepted, "{response:?}");
+        let object = response
+            .mutated
+            .clone()
+            .unwrap_or_else(|| request["object"].clone());
+        let images: Vec<String> = (0..8)
+            .map(|i| {
+                object["spec"]["containers"][i]["image"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let swapped = images.iter().filter(|i| i.starts_with(&far.host)).count();
+        for (i, image) in images.iter().enumerate() {
+            if image.starts_with(&far.host) {
+                assert!(
+                    image.ends_with(&digests[i]),
+                    "swapped only at its verified digest: {image}"
+                );
+            } else {
+                assert_eq!(image, &world.image(&format!("v{i}")), "kept as written");
+            }
+        }
+        let verified = host.lock().expect("host").exchanges.len();
+        println!(
+            "policy-server {}: one verification {verification:?}; 8 images: {swapped} swapped after {verified} verifications in {took:?}",
+            model.name()
+        );
+        assert!((1..8).contains(&swapped), "{swapped} swapped: {images:?}");
+        assert_eq!(verified, swapped, "no verification after the budget");
+        assert!(
+            response.warned("lookup budget of 800 ms: "),
+            "{:?}",
+            response.warnings
+        );
+        assert!(
+            took < Duration::from_millis(800) + verification + Duration::from_millis(150),
+            "policy-server {}: {took:?}, one verification {verification:?}",
+            model.name()
+        );
+    }
+}
+
 /// Runs real kwctl (`KWCTL`) on one case against the registries (plain HTTP on loopback, named
 /// in `insecure_sources`), recording its host interactions, and writes the case to
 /// `e2e/cases/<name>`: the request, the settings, kwctl's session under a header that says how
