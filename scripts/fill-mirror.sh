@@ -27,13 +27,13 @@
 #
 # Usage:
 #   fill-mirror.sh [--policy NAME] [--reports FILE]... [--pods FILE]... [--settings FILE]
-#                  [--swap-policy NAME] [--ecr] [--dry-run] [--insecure]
+#                  [--swap-policy NAME] [--ecr] [--dry-run] [--insecure] [--signatures]
 #       Reads the reports and the Pods' records (from FILEs, `kubectl get ... -o json` output;
 #       without --reports or --pods, both from the cluster with kubectl), then copies. Needs jq,
 #       skopeo, and kubectl without files.
 #   fill-mirror.sh --list [...]
 #       Prints the copies, one "SOURCE DESTINATION" a line (needs jq, and kubectl without files).
-#   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure]
+#   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures]
 #       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
 #       read the reports in one container and copy in another.
 # --policy defaults to clusterwide-image-swapper-check (a ClusterAdmissionPolicy named
@@ -53,6 +53,13 @@
 #       The ECR part alone, for a container with the AWS CLI and no skopeo (the public AWS CLI
 #       image): creates the missing repositories of the copies in FILE and writes the push login
 #       to REGISTRY_AUTH_FILE, for a later `--copies FILE` run in the skopeo image.
+# --signatures: with the swapping policy's `signatures`, also copy each image's cosign
+# signature: once the image is in the mirror (copied, or there already), the tag
+# sha256-<hex>.sig of its digest (the digest of the manifest the mirror now serves) is copied
+# from the source repository to the mirror repository, when the source has it and the mirror
+# does not. The policy swaps only to copies that verify, so without it a signed image is never
+# swapped until something else copies its signature. The policy's own signature copies (the
+# check role's findings, a record's signatureCopy) are made with or without it.
 set -euo pipefail
 
 policy=clusterwide-image-swapper-check
@@ -64,6 +71,7 @@ reports=()
 copies_file=
 mode=copy
 dry_run=false
+signatures=false
 tls=()
 
 while (($#)); do
@@ -78,6 +86,7 @@ while (($#)); do
     --copies) copies_file=${2:?--copies needs a file}; shift 2 ;;
     --list) mode=list; shift ;;
     --dry-run) dry_run=true; shift ;;
+    --signatures) signatures=true; shift ;;
     --insecure) tls=(--tls-verify=false); shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "fill-mirror: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -314,6 +323,41 @@ if [[ $mode == ecr-prepare ]]; then
   exit $((${#ecr_failed[@]} > 0))
 fi
 
+# `name` of `name:tag` or `name@digest`: a tag follows the last `:` after the last `/`.
+repository_of() {
+  local name=${1%@*}
+  if [[ ${name##*/} == *:* ]]; then name=${name%:*}; fi
+  echo "$name"
+}
+
+# With --signatures: the cosign signature of the image now at docker://$2, from $1's repository.
+copy_signature() {
+  local source=$1 destination=$2 raw hex tag from to output
+  [[ $destination != *.sig ]] || return 0
+  raw=$(skopeo inspect --raw "${tls[@]}" "docker://$destination" 2>/dev/null) || return 0
+  hex=$(printf '%s' "$raw" | sha256sum | cut -d' ' -f1)
+  tag="sha256-$hex.sig"
+  from="$(repository_of "$source"):$tag"
+  to="$(repository_of "$destination"):$tag"
+  if ! skopeo inspect --raw "${tls[@]}" "docker://$from" >/dev/null 2>&1; then
+    echo "no signature docker://$from to copy"
+    return 0
+  fi
+  if skopeo inspect --raw "${tls[@]}" "docker://$to" >/dev/null 2>&1; then
+    echo "skipped docker://$to: it exists already"
+    return 0
+  fi
+  if output=$(skopeo copy --all --preserve-digests \
+      ${tls:+--src-tls-verify=false --dest-tls-verify=false} \
+      "docker://$from" "docker://$to" 2>&1); then
+    echo "copied docker://$from to docker://$to"
+    copied=$((copied + 1))
+  else
+    echo "failed docker://$from to docker://$to: $(tail -n 1 <<<"$output")"
+    failed=$((failed + 1))
+  fi
+}
+
 copied=0 failed=0 skipped=0
 while read -r source destination; do
   [[ -n ${source:-} && -n ${destination:-} ]] || continue
@@ -324,6 +368,7 @@ while read -r source destination; do
   if skopeo inspect --raw "${tls[@]}" "docker://$destination" >/dev/null 2>&1; then
     echo "skipped docker://$destination: it exists already"
     skipped=$((skipped + 1))
+    if $signatures; then copy_signature "$source" "$destination"; fi
     continue
   fi
   if $ecr && ! ecr_repository "$destination"; then
@@ -336,6 +381,7 @@ while read -r source destination; do
       "docker://$source" "docker://$destination" 2>&1); then
     echo "copied docker://$source to docker://$destination"
     copied=$((copied + 1))
+    if $signatures; then copy_signature "$source" "$destination"; fi
   else
     echo "failed docker://$source to docker://$destination: $(tail -n 1 <<<"$output")"
     failed=$((failed + 1))

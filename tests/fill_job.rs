@@ -831,3 +831,67 @@ fn the_check_role_reports_a_missing_signature_and_one_fill_run_brings_it() {
     );
     assert!(after.accepted, "{after:?}");
 }
+
+/// A signed image the mirror lacks entirely, by tag: its Pod's record names the image copy only
+/// (the digest is not known at admission). One `fill-mirror.sh --signatures` run from the Pod
+/// copies the image and then its signature (the tag of the digest the mirror now serves), and
+/// the next admission is swapped at the verified digest. Without `--signatures` the image
+/// arrives alone, and the Pod stays unswapped.
+#[test]
+fn with_signatures_one_fill_run_brings_a_new_image_and_its_signature() {
+    use rig::cosign::{Signer, signature_tag};
+    let cluster = Cluster::start("fill-sig-new");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let signer = Signer::generate();
+    let digest = Image::new("app 2", "linux/amd64").push(source, "org/app", Some("2"));
+    signer.sign(source, "org/app", &digest, &[]);
+    let mut swap = cluster.settings("swap");
+    swap["signatures"] =
+        json!([{"image": format!("{}/org/*", source.host), "pubKeys": [signer.public_pem]}]);
+    let running = cluster.source_image("org/app:2");
+    let request = pod_request("CREATE", web(&running));
+    let kept = validate(&swap, &request, shared(LiveHost::default()));
+    let record = kept.unmirrored().expect("recorded");
+    assert!(record["web"].get("signatureCopy").is_none(), "{record}");
+
+    let dir = tempdir("fill-sig-new");
+    let pods = write(
+        &dir,
+        "pods.json",
+        &list(vec![listed_pod(1, &kept, &request)]),
+    );
+    let settings_file = write(&dir, "settings.json", &swap);
+    let (pods, settings_file) = (pods.to_string_lossy(), settings_file.to_string_lossy());
+    let from_pods = ["--pods", &*pods, "--settings", &*settings_file];
+    let (ok, printed) = fill(&[], &from_pods);
+    assert!(ok, "{printed}");
+    let tag = signature_tag(&digest);
+    assert!(mirror.digest_of("hub/org/app", "2").is_some(), "{printed}");
+    assert!(
+        mirror.digest_of("hub/org/app", &tag).is_none(),
+        "no signature without --signatures"
+    );
+    let still = validate(&swap, &request, shared(LiveHost::default()));
+    assert_eq!(still.image("containers", 0), Some(running.as_str()));
+
+    let mut with_signatures = from_pods.to_vec();
+    with_signatures.push("--signatures");
+    let (ok, printed) = fill(&[], &with_signatures);
+    assert!(ok, "{printed}");
+    assert!(
+        printed.contains(&format!(
+            "skipped docker://{}/hub/org/app:2: it exists already",
+            mirror.host
+        )) && printed.contains(&format!(
+            "copied docker://{}/org/app:{tag} to docker://{}/hub/org/app:{tag}",
+            source.host, mirror.host
+        )),
+        "{printed}"
+    );
+    let swapped = validate(&swap, &request, shared(LiveHost::default()));
+    assert_eq!(
+        swapped.image("containers", 0),
+        Some(format!("{}/hub/org/app:2@{digest}", mirror.host).as_str()),
+        "{swapped:?}"
+    );
+}
