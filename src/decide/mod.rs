@@ -594,6 +594,8 @@ pub mod tests {
             matches!(&decision, Decision::Swap { image, .. } if *image == format!("{US}@{DIGEST_A}")),
             "{decision:?}"
         );
+        // The first copy's digest is not asked for: that would only delay the failover.
+        assert_eq!(registry.asked, vec![format!("verify {EU}"), format!("verify {US}")]);
     }
 
     #[test]

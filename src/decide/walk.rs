@@ -152,7 +152,24 @@ pub(super) fn decide_mirror(
             Err(failure) => failures.push(failure),
         }
     }
+    learn_unverified_digest(&mut failures, registry);
     fallback(policy, image, failures)
+}
+
+/// No mirror served, and one holds a copy that did not verify by tag: the host's refusal does
+/// not name the digest, which names the signature tag a copy must bring, so that copy's tag is
+/// asked once more when the budget allows. Only once the walk is over, so that it never delays
+/// a later mirror's verification.
+fn learn_unverified_digest(failures: &mut [(String, Failure)], registry: &mut impl Registry) {
+    let Some((lookup, Failure::Unverified(_, digest @ None))) = failures
+        .iter_mut()
+        .find(|(_, failure)| matches!(failure, Failure::Unverified(..)))
+    else {
+        return;
+    };
+    if !lookup.contains('@') && registry.would_fit(&[lookup.as_str()]) {
+        *digest = super::verified_digest(registry, lookup).ok();
+    }
 }
 
 /// `repository[:tag]`: the reference a tag lookup asks for.
@@ -210,16 +227,6 @@ fn try_mirror(
             }
             let mirror_digest = match mirror_digest(registry, &tagged, verifications) {
                 Ok(digest) => digest,
-                // The host's refusal does not name the digest, which names the signature tag
-                // a copy must bring: asked once more when the budget allows.
-                Err(LookupError::Unverified(why)) => {
-                    let digest = if registry.would_fit(&[&tagged]) {
-                        super::verified_digest(registry, &tagged).ok()
-                    } else {
-                        None
-                    };
-                    return Err((tagged, Failure::unverified(why, digest)));
-                }
                 Err(error) => return Err((tagged, error.into())),
             };
             let note = if policy.verify_source {
