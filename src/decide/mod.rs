@@ -595,7 +595,10 @@ pub mod tests {
             "{decision:?}"
         );
         // The first copy's digest is not asked for: that would only delay the failover.
-        assert_eq!(registry.asked, vec![format!("verify {EU}"), format!("verify {US}")]);
+        assert_eq!(
+            registry.asked,
+            vec![format!("verify {EU}"), format!("verify {US}")]
+        );
     }
 
     #[test]
