@@ -7,9 +7,9 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use image_swapper_policy::budget::Clock;
-use image_swapper_policy::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry};
 use image_swapper_policy::pod::{Verdict, admit};
 use image_swapper_policy::policy::{Action, Policy, SwapPolicy};
+use image_swapper_policy::registry::{ImageManifest, IndexEntry, LookupError, Manifest, Registry};
 use image_swapper_policy::settings::Settings;
 use kubewarden_policy_sdk::request::ValidationRequest;
 use libfuzzer_sys::fuzz_target;
