@@ -5,6 +5,7 @@
 //! decision, which shares routing and lookups and nothing else.
 
 pub mod check;
+mod failure;
 mod verify_source;
 mod walk;
 

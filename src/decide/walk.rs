@@ -1,113 +1,19 @@
-//! The walk over a rule's mirrors, in the order the settings list them, and what to say when
-//! none serves. Separate from the table because it is the only part that weighs several
-//! answers: the first mirror that holds the image wins; "absent" and "stale" move to the next,
+//! The walk over a rule's mirrors, in the order the settings list them (the words for when
+//! none serves are `failure`'s). Separate from the table because it is the only part that
+//! weighs several answers: the first mirror that holds the image wins; "absent" and "stale" move to the next,
 //! and so does a lookup error, which is remembered; when none holds it, any lookup error makes
 //! it `onLookupError`'s case, else `onMissing`'s.
 
-use crate::policy::{Fallback, Policy, SwapPolicy};
+use crate::policy::{Policy, SwapPolicy};
 use crate::reference::Reference;
-use crate::registry::{LookupError, Refusal, Registry};
+use crate::registry::{LookupError, Registry};
 use crate::rules::{Destination, MirrorRepository};
 use crate::text::quote;
 
+use super::failure::{Failure, earlier_failures, fallback};
 use super::verify_source::{SourceCheck, check_source};
 use super::{Decision, Note, PullSecrets, Reason, joined, mirror_digest};
 use crate::signatures::{Verification, verifications_for};
-
-/// Why one mirror cannot be used, and so which setting decides.
-enum Failure {
-    /// `onMissing`: the mirror lacks the image.
-    Missing(String),
-    /// `onMissing`: the mirror holds a stale copy.
-    Stale(String),
-    /// `onUnverified`: the mirror's copy does not verify under `signatures`; the digest it
-    /// serves, when known.
-    Unverified(String, Option<String>),
-    /// `onLookupError`: the answer could not be had or could not be trusted.
-    LookupError(String),
-    /// `onLookupError`: the lookup (or comparison) was not made within the budget: what was
-    /// not done, for a comparison cut short the digests that were learned to differ, and the
-    /// budget's reason (the registry, what it would need, what was left).
-    Budget {
-        not_done: &'static str,
-        digests: Option<String>,
-        refusal: Refusal,
-    },
-    /// Kept whatever the settings say: the Pod cannot gain the secret this mirror needs.
-    NoPullSecret(String),
-}
-
-impl From<LookupError> for Failure {
-    fn from(error: LookupError) -> Self {
-        match error {
-            LookupError::Absent(why) => {
-                Failure::Missing(format!("the mirror does not have it ({why})"))
-            }
-            LookupError::Failed(why) => {
-                Failure::LookupError(format!("could not look it up ({why})"))
-            }
-            LookupError::Unverified(why) => Failure::unverified(why, None),
-            LookupError::OverBudget(refusal) => Failure::not_looked_up(refusal),
-        }
-    }
-}
-
-impl Failure {
-    fn unverified(why: String, digest: Option<String>) -> Failure {
-        Failure::Unverified(format!("its copy there does not verify ({why})"), digest)
-    }
-
-    fn not_looked_up(refusal: Refusal) -> Failure {
-        Failure::Budget {
-            not_done: "not looked up",
-            digests: None,
-            refusal,
-        }
-    }
-
-    fn reason(&self) -> Reason {
-        match self {
-            Failure::Missing(_) => Reason::Absent,
-            Failure::Stale(_) => Reason::Stale,
-            Failure::Unverified(..) => Reason::Unverified,
-            Failure::LookupError(_) => Reason::LookupError,
-            Failure::Budget { .. } => Reason::Budget,
-            Failure::NoPullSecret(_) => Reason::NoPullSecret,
-        }
-    }
-
-    fn text(&self, policy: &Policy) -> String {
-        match self {
-            Failure::Missing(text)
-            | Failure::Stale(text)
-            | Failure::Unverified(text, _)
-            | Failure::LookupError(text)
-            | Failure::NoPullSecret(text) => text.clone(),
-            Failure::Budget {
-                not_done,
-                digests,
-                refusal,
-            } => {
-                let learned = digests
-                    .as_deref()
-                    .map(differing_digests)
-                    .unwrap_or_default();
-                format!(
-                    "{not_done}{learned} within the lookup budget of {} ms: {}",
-                    policy.lookup_budget_ms,
-                    refusal.describe()
-                )
-            }
-        }
-    }
-}
-
-/// What a comparison cut short by the budget had learned, as a clause.
-fn differing_digests(digests: &str) -> String {
-    format!(
-        ", whose digest differs from the mirror's ({digests}), so their content must be compared"
-    )
-}
 
 /// One mirror's answer: the image to write (and what to tell), or why not, naming the
 /// reference that was looked up.
@@ -318,106 +224,6 @@ fn by_tag_after_digest(
             quote(tagged)
         )),
         Err(_) => missing(String::new()),
-    }
-}
-
-/// A swap to a later mirror after an earlier one could not be asked: worth a warning, since
-/// that mirror may be down. An earlier mirror that lacks the image is the walk working as meant.
-fn earlier_failures(
-    image: &str,
-    swapped: &str,
-    failures: &[(String, Failure)],
-    policy: &Policy,
-) -> Option<Note> {
-    let failed: Vec<String> = failures
-        .iter()
-        .filter(|(_, failure)| matches!(failure, Failure::LookupError(_)))
-        .map(|(lookup, failure)| format!("{}: {}", quote(lookup), failure.text(policy)))
-        .collect();
-    (!failed.is_empty()).then(|| {
-        Note::new(
-            Reason::EarlierMirrorFailed,
-            format!(
-                "image {}: swapped to {}, a later mirror of its list: {}",
-                quote(image),
-                quote(swapped),
-                failed.join("; ")
-            ),
-        )
-    })
-}
-
-/// No mirror serves the image: one note that names each mirror's outcome. Any lookup error
-/// makes it `onLookupError`'s case (a mirror that could not be asked may hold the image);
-/// otherwise `onMissing`'s; a mirror the Pod cannot pull from keeps the image whatever they say.
-fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Failure)>) -> Decision {
-    let worst = failures
-        .iter()
-        .map(|(_, failure)| failure.reason())
-        .max_by_key(|reason| match reason {
-            Reason::Budget | Reason::LookupError => 4,
-            Reason::Unverified => 3,
-            Reason::Stale => 2,
-            Reason::Absent => 1,
-            _ => 0,
-        })
-        .unwrap_or(Reason::Absent);
-    let (action, setting) = match worst {
-        Reason::Budget | Reason::LookupError => (policy.on_lookup_error, "onLookupError"),
-        Reason::Unverified => (policy.on_unverified, "onUnverified"),
-        Reason::Stale | Reason::Absent => (policy.on_missing, "onMissing"),
-        _ => (Fallback::Keep, ""),
-    };
-    let (to, text) = match &failures[..] {
-        [(lookup, failure)] => (quote(lookup), failure.text(policy)),
-        several => (
-            format!("any of {} mirrors", several.len()),
-            several
-                .iter()
-                .map(|(lookup, failure)| format!("{}: {}", quote(lookup), failure.text(policy)))
-                .collect::<Vec<_>>()
-                .join("; "),
-        ),
-    };
-    let mirrors = match &failures[..] {
-        [_] | [] => Vec::new(),
-        several => several
-            .iter()
-            .map(|(lookup, failure)| (lookup.clone(), failure.reason()))
-            .collect(),
-    };
-    let learned = failures.iter().find_map(|(_, failure)| match failure {
-        Failure::Budget {
-            digests: Some(digests),
-            ..
-        } => Some(digests.clone()),
-        _ => None,
-    });
-    let refusal = failures.iter().find_map(|(_, failure)| match failure {
-        Failure::Budget { refusal, .. } => Some(refusal.clone()),
-        _ => None,
-    });
-    let unverified_digest = failures.iter().find_map(|(_, failure)| match failure {
-        Failure::Unverified(_, digest) => digest.clone(),
-        _ => None,
-    });
-    let note = |text: String| Note {
-        reason: worst,
-        text,
-        mirrors: mirrors.clone(),
-        learned: learned.clone(),
-        refusal: refusal.clone(),
-        unverified_digest: unverified_digest.clone(),
-    };
-    match action {
-        Fallback::Keep => Decision::Keep(note(format!(
-            "image {}: kept, not swapped to {to}: {text}",
-            quote(image)
-        ))),
-        Fallback::Reject => Decision::Reject(note(format!(
-            "image {}: cannot be swapped to {to}: {text}; {setting} is reject",
-            quote(image)
-        ))),
     }
 }
 
