@@ -119,6 +119,11 @@ pub fn verifications_for<'p>(rules: &'p [SignatureRule], image: &str) -> Vec<Ver
         .collect()
 }
 
+/// Whether any rule of `signatures` matches `image` as the Pod writes it.
+pub fn covers(rules: &[SignatureRule], image: &str) -> bool {
+    rules.iter().any(|rule| rule.image.matches(image))
+}
+
 impl Verification<'_> {
     /// What the verification requires, in a few words for messages: never the keys themselves.
     pub fn describe(&self) -> String {

@@ -761,53 +761,39 @@ fn verification_texts_are_kwctls() {
     world.copy_signature();
     let stranger = Signer::generate();
     let certified = Signer::with_certificate("other@example.com");
-    let mirror = |tag: &str| format!("{}/cache/{REPOSITORY}:{tag}", world.mirror.host);
     let cases = [
-        (
-            "no signature tag",
-            world.swapper_settings(true),
-            mirror("unsigned"),
-        ),
-        ("signed", world.swapper_settings(true), mirror("signed")),
+        ("no signature tag", world.swapper_settings(true), "unsigned"),
+        ("signed", world.swapper_settings(true), "signed"),
         (
             "the mirror lacks the image",
             world.swapper_settings(true),
-            mirror("absent"),
+            "absent",
         ),
         (
             "another key",
             json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "pubKeys": [stranger.public_pem]}]}),
-            mirror("signed"),
+            "signed",
         ),
         (
             "annotations the signature lacks",
             json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "pubKeys": [world.signer.public_pem], "annotations": {"env": "prod"}}]}),
-            mirror("signed"),
+            "signed",
         ),
         (
             "another certificate",
             json!({"mirrors": [{"source": world.source.host, "target": format!("{}/cache", world.mirror.host)}], "signatures": [{"image": "*", "certificates": [certified.certificate_pem], "certificateChain": [certified.chain_pem], "requireRekorBundle": false}]}),
-            mirror("signed"),
+            "signed",
         ),
     ];
-    for (name, settings, _) in &cases {
-        let image = world.image(
-            if name.contains("unsigned") || name.starts_with("no signature") {
-                "unsigned"
-            } else if name.contains("lacks the image") {
-                "absent"
-            } else {
-                "signed"
-            },
-        );
+    for (name, settings, tag) in &cases {
+        let image = world.image(tag);
         let case = format!("sig-texts-{}", name.replace(' ', "-"));
         record_case(&kwctl, &world, &case, settings, &image);
         let dir = rig::root().join("e2e/cases").join(&case);
         let session = std::fs::read_to_string(dir.join("session.yml")).expect("session");
         let _ = std::fs::remove_dir_all(&dir);
         let kwctl_host = rig::hosts::ReplayHost::parse(&session).expect("session");
-        let rig_host = LiveHost::default();
-        let mut rig_host = rig_host;
+        let mut rig_host = LiveHost::default();
         for exchange in kwctl_host.pending() {
             let Some(fields) = &exchange.fields else {
                 continue;

@@ -44,16 +44,10 @@ pub(super) fn fill_command(source: &SourceImage) -> String {
 /// same rule as the source. A signature names the image's digest, not its name, so the copy
 /// verifies at the mirror name.
 pub(super) fn signature_command(source_name: &str, repository: &str, digest: &str) -> String {
-    let tag = signature_tag(digest);
     copy_command(
-        &format!("{source_name}:{tag}"),
-        &format!("{repository}:{tag}"),
+        &format!("{}.sig", own_tag(source_name, digest)),
+        &format!("{}.sig", own_tag(repository, digest)),
     )
-}
-
-/// `sha256-<hex>.sig`: cosign's tag for the signatures of `digest`.
-fn signature_tag(digest: &str) -> String {
-    format!("{}.sig", digest.replacen(':', "-", 1))
 }
 
 /// `repository:sha256-<hex>`: the tag a copy by digest is pushed to.

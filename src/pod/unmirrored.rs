@@ -19,7 +19,7 @@ use crate::policy::Policy;
 
 use super::copies::{fill_command, signature_command};
 use super::object::{annotation, named_images, object_entry};
-use crate::signatures::verifications_for;
+use crate::signatures;
 
 /// Per container: the source image as the container names it, the mirror image wanted (the first
 /// target's), and the copy that fills it.
@@ -41,10 +41,7 @@ fn entry(image: &str, policy: &Policy, digest: Option<&str>) -> Option<Value> {
     let first = source.targets.first()?;
     let mut entry = json!({"source": image, "mirror": first.lookup, "copy": fill_command(&source)});
     let digest = first.digest().or(digest);
-    if let (Some(digest), false) = (
-        digest,
-        verifications_for(&policy.signatures, image).is_empty(),
-    ) {
+    if let Some(digest) = digest.filter(|_| signatures::covers(&policy.signatures, image)) {
         entry["signatureCopy"] =
             Value::String(signature_command(&source.name, first.repository(), digest));
     }
