@@ -71,6 +71,9 @@ fn parse_args() -> Result<Run, String> {
                 )
             }
             "--replay-host-capabilities-interactions" => run.replay = Some(PathBuf::from(value()?)),
+            // The module's metadata lists every kind `verifiers` reads; the stand-in grants
+            // them with or without the flag (replayed sessions hold the answers).
+            "--allow-context-aware" => {}
             flag if flag.starts_with('-') => {
                 return Err(format!("the stand-in does not support {flag}"));
             }

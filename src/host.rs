@@ -2,6 +2,7 @@
 //! verifications, each failure read by [`errors`] from the host's text.
 
 mod errors;
+mod kubernetes;
 
 use kubewarden_policy_sdk::Error;
 use kubewarden_policy_sdk::host_capabilities::oci::{self, OciManifestResponse};
@@ -14,6 +15,7 @@ use crate::signatures::Verification;
 
 use errors::one_line;
 pub use errors::{ABSENT_MESSAGES, REFUSED_MESSAGES, read_host_error, read_verification_error};
+pub use kubernetes::KubewardenCluster;
 
 /// The policy-server (or `kwctl`) that runs the module.
 pub struct KubewardenHost;

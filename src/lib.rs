@@ -15,6 +15,7 @@ pub mod rules;
 pub mod settings;
 pub mod signatures;
 pub mod text;
+pub mod verifiers;
 
 use guest::prelude::*;
 use kubewarden_policy_sdk::request::ValidationRequest;
@@ -58,6 +59,7 @@ fn validate(payload: &[u8]) -> CallResult {
         request.request,
         &policy,
         &mut host::KubewardenHost,
+        &mut host::KubewardenCluster,
         &clock,
     ))
 }

@@ -34,6 +34,12 @@ pub struct Policy {
     pub signatures: Vec<SignatureRule>,
     /// A mirror copy that does not verify: keep the source, or refuse the Pod.
     pub on_unverified: Fallback,
+    /// `verifiers`: patterns on the `spec.module` of the cluster's policies whose `signatures`
+    /// count as this policy's own at each admission.
+    pub verifiers: Vec<crate::glob::Glob>,
+    /// Set for one admission when the verifiers could not be read: why. Every image bound for
+    /// a mirror is then `onLookupError`'s case, since rules it could not read may cover it.
+    pub verifiers_unreadable: Option<String>,
 }
 
 /// The module's two roles, one setting apart so that operators copy one block of settings.

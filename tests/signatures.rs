@@ -62,7 +62,11 @@ impl World {
     /// The copy that brings the signed image's signature to the mirror (what the fill job
     /// runs for the check role's finding).
     fn copy_signature(&self) {
-        let tag = signature_tag(&self.signed);
+        self.copy_tag(&signature_tag(&self.signed));
+    }
+
+    /// `skopeo copy` of one tag of the source's repository to the mirror's.
+    fn copy_tag(&self, tag: &str) {
         let status = std::process::Command::new("skopeo")
             .args([
                 "copy",
@@ -75,7 +79,7 @@ impl World {
             ])
             .status()
             .expect("skopeo");
-        assert!(status.success(), "skopeo copied the signature");
+        assert!(status.success(), "skopeo copied {tag}");
     }
 
     /// The rule an operator writes for the source's images, as verify-image-signatures reads it.
@@ -203,16 +207,20 @@ enum Order {
 /// The two webhooks chained as the API server chains them: each sees the Pod as the one before
 /// it left it, and a refusal ends the admission.
 fn admit(world: &World, order: Order, rules: &[Value], signatures: bool, image: &str) -> Admitted {
+    admit_with(order, rules, &world.swapper_settings(signatures), image)
+}
+
+/// The same chain with the swapper's settings as given.
+fn admit_with(order: Order, rules: &[Value], settings: &Value, image: &str) -> Admitted {
     let host = shared(LiveHost::default());
-    let settings = world.swapper_settings(signatures);
     match order {
         Order::SwapperFirst => {
-            let swapped = swapper(&settings, &pod(image)["object"], host.clone())?;
+            let swapped = swapper(settings, &pod(image)["object"], host.clone())?;
             verifier(rules, &swapped, &(host as SharedHost))
         }
         Order::VerifierFirst => {
             let pinned = verifier(rules, image, &(host.clone() as SharedHost))?;
-            swapper(&settings, &pod(&pinned)["object"], host)
+            swapper(settings, &pod(&pinned)["object"], host)
         }
     }
 }
@@ -312,6 +320,96 @@ fn without_signatures_an_unsigned_image_swapped_first_escapes_a_verifier_over_th
         Ok(world.mirror_image("unsigned", &world.unsigned)),
         "as today without signatures"
     );
+}
+
+const ORDERS: [Order; 2] = [Order::SwapperFirst, Order::VerifierFirst];
+
+/// The publisher deletes the signature of the digest the mirror copied. Without `verifySource`
+/// the mirror's old signature still verifies, and a verifier over the sources, seeing the
+/// mirror's name, verifies nothing: the chain admits what the verifier alone refuses. With it,
+/// the swapper verifies at the source as that verifier does, and the chain refuses in both
+/// orders from the next admission on.
+#[test]
+fn a_signature_deleted_at_the_source_is_refused_at_once_with_verify_source() {
+    let world = World::start("sig-revoked", Signer::generate());
+    world.copy_signature();
+    let rules = vec![world.rule(&format!("{}/org/*", world.source.host))];
+    let image = world.image("signed");
+    let mut settings = world.swapper_settings(true);
+    settings["verifySource"] = json!(true);
+    let swapped = world.mirror_image("signed", &world.signed);
+    for order in ORDERS {
+        let admitted = admit_with(order, &rules, &settings, &image);
+        assert_eq!(admitted, Ok(swapped.clone()), "{order:?}, still signed");
+    }
+    let signature = world
+        .source
+        .digest_of(REPOSITORY, &signature_tag(&world.signed))
+        .expect("the source's signature");
+    world
+        .source
+        .delete_manifest(REPOSITORY, &signature)
+        .expect("signature deleted at the source");
+    let alone = verifier(&rules, &image, &(shared(LiveHost::default()) as SharedHost));
+    assert!(alone.is_err(), "the verifier alone refuses: {alone:?}");
+    for order in ORDERS {
+        let admitted = admit_with(order, &rules, &settings, &image);
+        assert!(
+            admitted
+                .as_ref()
+                .is_err_and(|refusal| refusal.contains("verification of image")),
+            "{order:?}, signature deleted: {admitted:?}"
+        );
+    }
+    // What the swapper itself says, first in the chain: kept at its source, for that reason.
+    let response = validate(&settings, &pod(&image), shared(LiveHost::default()));
+    assert_eq!(response.image("containers", 0), None, "not swapped");
+    assert_eq!(
+        response.audit["kept"][0]["reason"],
+        json!("unverified-at-source")
+    );
+    assert_eq!(response.unmirrored(), None, "no copy would help");
+    // Without verifySource the mirror's stale signature still verifies: the check role's
+    // finding is what reports it.
+    let stale = admit(&world, Order::SwapperFirst, &rules, true, &image);
+    assert_eq!(stale, Ok(swapped));
+}
+
+/// The publisher ships a fixed build under the same tag and signs it. With `verifySource` the
+/// mirror's old copy (and its old, valid signature) is never swapped to: the new digest is
+/// admitted at its source, pinned by the verifier, until the mirror holds it; then swapped
+/// to it, in both orders.
+#[test]
+fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_source() {
+    let world = World::start("sig-resigned", Signer::generate());
+    world.copy_signature();
+    let fixed = Image::new("sig-resigned fixed build", "linux/amd64");
+    let fixed_digest = fixed.push(&world.source, REPOSITORY, Some("signed"));
+    world
+        .signer
+        .sign(&world.source, REPOSITORY, &fixed_digest, &[]);
+    let rules = vec![world.rule(&format!("{}/org/*", world.source.host))];
+    let image = world.image("signed");
+    let mut settings = world.swapper_settings(true);
+    settings["verifySource"] = json!(true);
+    for order in ORDERS {
+        let admitted = admit_with(order, &rules, &settings, &image);
+        assert_eq!(
+            admitted,
+            Ok(format!("{image}@{fixed_digest}")),
+            "{order:?}, the mirror holds only the old build"
+        );
+    }
+    world.copy_tag("signed");
+    world.copy_tag(&signature_tag(&fixed_digest));
+    for order in ORDERS {
+        let admitted = admit_with(order, &rules, &settings, &image);
+        assert_eq!(
+            admitted,
+            Ok(world.mirror_image("signed", &fixed_digest)),
+            "{order:?}, the fixed build copied"
+        );
+    }
 }
 
 /// A mirror tag that names other content than the signed digest, beside that digest's

@@ -18,6 +18,9 @@ pub(super) enum Failure {
     /// `onUnverified`: the mirror's copy does not verify under `signatures`; the digest it
     /// serves, when known.
     Unverified(String, Option<String>),
+    /// `onUnverified`: the source itself does not verify under `signatures` (`verifySource`),
+    /// so no mirror copy is asked; copying it would not help.
+    UnverifiedAtSource(String),
     /// `onLookupError`: the answer could not be had or could not be trusted.
     LookupError(String),
     /// `onLookupError`: the lookup (or comparison) was not made within the budget: what was
@@ -65,6 +68,7 @@ impl Failure {
             Failure::Missing(_) => Reason::Absent,
             Failure::Stale(_) => Reason::Stale,
             Failure::Unverified(..) => Reason::Unverified,
+            Failure::UnverifiedAtSource(_) => Reason::UnverifiedAtSource,
             Failure::LookupError(_) => Reason::LookupError,
             Failure::Budget { .. } => Reason::Budget,
             Failure::NoPullSecret(_) => Reason::NoPullSecret,
@@ -78,6 +82,9 @@ impl Failure {
             | Failure::Unverified(text, _)
             | Failure::LookupError(text)
             | Failure::NoPullSecret(text) => text.clone(),
+            Failure::UnverifiedAtSource(why) => {
+                format!("it does not verify at its source ({why})")
+            }
             Failure::Budget {
                 not_done,
                 digests,
@@ -139,7 +146,7 @@ pub(super) fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Fail
         .map(|(_, failure)| failure.reason())
         .max_by_key(|reason| match reason {
             Reason::Budget | Reason::LookupError => 4,
-            Reason::Unverified => 3,
+            Reason::Unverified | Reason::UnverifiedAtSource => 3,
             Reason::Stale => 2,
             Reason::Absent => 1,
             _ => 0,
@@ -147,7 +154,7 @@ pub(super) fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Fail
         .unwrap_or(Reason::Absent);
     let (action, setting) = match worst {
         Reason::Budget | Reason::LookupError => (policy.on_lookup_error, "onLookupError"),
-        Reason::Unverified => (policy.on_unverified, "onUnverified"),
+        Reason::Unverified | Reason::UnverifiedAtSource => (policy.on_unverified, "onUnverified"),
         Reason::Stale | Reason::Absent => (policy.on_missing, "onMissing"),
         _ => (Fallback::Keep, ""),
     };

@@ -40,6 +40,9 @@ pub enum Reason {
     /// The mirror's copy does not verify under `signatures` (unsigned, or its signature not
     /// copied to the mirror).
     Unverified,
+    /// The source itself does not verify under `signatures` (`verifySource`): no mirror copy
+    /// was asked, and the record does not name it, since no copy would verify.
+    UnverifiedAtSource,
 }
 
 impl Reason {
@@ -55,6 +58,7 @@ impl Reason {
             Reason::SourceUnverified => "source-unverified",
             Reason::EarlierMirrorFailed => "earlier-mirror-failed",
             Reason::Unverified => "unverified",
+            Reason::UnverifiedAtSource => "unverified-at-source",
         }
     }
 }
@@ -642,6 +646,158 @@ pub mod tests {
         let decision = decide("nginx:1.27", &signed(""), &mut registry);
         assert!(
             matches!(&decision, Decision::Keep(note) if note.reason == reason),
+            "{decision:?}"
+        );
+    }
+
+    const SOURCE: &str = "docker.io/library/nginx:1.27";
+
+    /// verifySource with `signatures`: the source verifies at D, and the first mirror holding
+    /// exactly D is swapped to, whatever its tag names and whatever signature it holds.
+    #[test]
+    fn with_verify_source_a_covered_image_is_verified_at_its_source_and_swapped_to_that_digest() {
+        let mut registry = FakeRegistry::default()
+            .with(
+                &format!("eu.m.io/hub/library/nginx@{DIGEST_B}"),
+                Err(absent()),
+            )
+            .with(EU, Ok(DIGEST_A))
+            .with(
+                &format!("us.m.io/hub/library/nginx@{DIGEST_B}"),
+                Ok(DIGEST_B),
+            );
+        registry
+            .verifications
+            .insert(SOURCE.to_string(), Ok(DIGEST_B.to_string()));
+        // The mirrors' own signatures are never asked: a stale one there must not count.
+        registry
+            .verifications
+            .insert(EU.to_string(), Ok(DIGEST_A.to_string()));
+        let decision = decide(
+            "nginx:1.27",
+            &signed(r#","verifySource":true"#),
+            &mut registry,
+        );
+        assert_eq!(
+            decision,
+            Decision::Swap {
+                image: format!("{US}@{DIGEST_B}"),
+                pull_secret: None,
+                note: None
+            }
+        );
+        assert_eq!(
+            registry.asked,
+            vec![
+                format!("verify {SOURCE}"),
+                format!("eu.m.io/hub/library/nginx@{DIGEST_B}"),
+                // A pull-through cache fills on its tag: asked, and it names another digest.
+                EU.to_string(),
+                format!("us.m.io/hub/library/nginx@{DIGEST_B}"),
+            ]
+        );
+    }
+
+    /// A signature removed at the source: the mirror's copy and its old signature are never
+    /// asked, and the image is not recorded for a copy that could not help.
+    #[rstest]
+    #[case::keep("", false)]
+    #[case::reject(r#","onUnverified":"reject""#, true)]
+    fn with_verify_source_a_source_that_no_longer_verifies_is_never_swapped(
+        #[case] extra: &str,
+        #[case] rejected: bool,
+    ) {
+        let mut registry = FakeRegistry::default().with(EU, Ok(DIGEST_A));
+        registry.verifications.insert(
+            SOURCE.to_string(),
+            Err(LookupError::Unverified(format!(
+                "no signatures found for image: {SOURCE}"
+            ))),
+        );
+        registry
+            .verifications
+            .insert(EU.to_string(), Ok(DIGEST_A.to_string()));
+        let policy = signed(&format!(r#","verifySource":true{extra}"#));
+        let decision = decide("nginx:1.27", &policy, &mut registry);
+        let (Decision::Keep(note) | Decision::Reject(note)) = &decision else {
+            panic!("swapped though the source does not verify: {decision:?}");
+        };
+        assert_eq!(matches!(decision, Decision::Reject(_)), rejected);
+        assert_eq!(note.reason, Reason::UnverifiedAtSource);
+        assert!(
+            note.text.contains("it does not verify at its source (not signed with its public key: no signatures found for image: docker.io/library/nginx:1.27)"),
+            "{}",
+            note.text
+        );
+        assert_eq!(note.unverified_digest, None);
+        assert_eq!(registry.asked, vec![format!("verify {SOURCE}")]);
+    }
+
+    #[rstest]
+    #[case::source_down(
+        Err(failed()),
+        Reason::LookupError,
+        "could not verify it at its source (connection refused)"
+    )]
+    #[case::source_lacks_it(
+        Err(absent()),
+        Reason::LookupError,
+        "could not verify it at its source (manifest unknown)"
+    )]
+    #[case::mirror_lacks_the_digest(Ok(DIGEST_B), Reason::Absent, "the mirror does not have it")]
+    fn with_verify_source_a_covered_image_is_kept_when_the_verified_digest_is_not_in_a_mirror(
+        #[case] at_source: Result<&str, LookupError>,
+        #[case] reason: Reason,
+        #[case] said: &str,
+    ) {
+        // Both mirrors hold an older build under the tag, with its signature.
+        let mut registry = FakeRegistry::default()
+            .with(EU, Ok(DIGEST_A))
+            .with(US, Ok(DIGEST_A));
+        registry
+            .verifications
+            .insert(SOURCE.to_string(), at_source.map(str::to_string));
+        registry
+            .verifications
+            .insert(EU.to_string(), Ok(DIGEST_A.to_string()));
+        registry
+            .verifications
+            .insert(US.to_string(), Ok(DIGEST_A.to_string()));
+        let decision = decide(
+            "nginx:1.27",
+            &signed(r#","verifySource":true"#),
+            &mut registry,
+        );
+        let Decision::Keep(note) = &decision else {
+            panic!("swapped to a copy the source does not vouch for: {decision:?}");
+        };
+        assert_eq!(note.reason, reason);
+        assert!(note.text.contains(said), "{}", note.text);
+    }
+
+    #[test]
+    fn with_verify_source_a_pinned_image_must_verify_at_its_own_digest() {
+        let image = format!("nginx:1.27@{DIGEST_A}");
+        let source = format!("docker.io/library/nginx:1.27@{DIGEST_A}");
+        let mut registry = FakeRegistry::default().with(
+            &format!("eu.m.io/hub/library/nginx@{DIGEST_A}"),
+            Ok(DIGEST_A),
+        );
+        registry
+            .verifications
+            .insert(source.clone(), Ok(DIGEST_B.to_string()));
+        let policy = signed(r#","verifySource":true"#);
+        let decision = decide(&image, &policy, &mut registry);
+        assert!(
+            matches!(&decision, Decision::Keep(note) if note.reason == Reason::LookupError),
+            "{decision:?}"
+        );
+        registry
+            .verifications
+            .insert(source, Ok(DIGEST_A.to_string()));
+        let decision = decide(&image, &policy, &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if *image == format!("{EU}@{DIGEST_A}")),
             "{decision:?}"
         );
     }

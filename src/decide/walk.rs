@@ -28,8 +28,30 @@ pub(super) fn decide_mirror(
     registry: &mut impl Registry,
 ) -> Decision {
     let mut failures: Vec<(String, Failure)> = Vec::new();
+    // Rules that could not be read may cover this image: nothing is swapped unverified.
+    if let Some(why) = &policy.verifiers_unreadable {
+        let first = destination.targets.first().map_or_else(
+            || image.to_string(),
+            |target| tagged(&target.repository, reference),
+        );
+        let failure = Failure::LookupError(format!(
+            "could not read the verifier policies whose signatures it may need ({why})"
+        ));
+        return fallback(policy, image, vec![(first, failure)]);
+    }
     // The rules of `signatures` match the image as the Pod writes it, as a verifier does.
     let verifications = verifications_for(&policy.signatures, image);
+    // With verifySource, a covered image is verified where a verifier on its source would
+    // verify it, and only that digest's copy in a mirror is swapped to: a signature removed or
+    // replaced at the source then counts at the next admission, whatever the mirror still holds.
+    let verified_at_source = if policy.verify_source && !verifications.is_empty() {
+        match verify_at_source(reference, &verifications, registry) {
+            Ok(digest) => Some(digest),
+            Err(failure) => return fallback(policy, image, vec![failure]),
+        }
+    } else {
+        None
+    };
     for target in &destination.targets {
         let pull_secret = target.pull_secret.map(str::to_string);
         let attempt = match pull_secret.as_deref() {
@@ -39,7 +61,10 @@ pub(super) fn decide_mirror(
                     "that mirror needs imagePullSecret {secret:?}, which the Pod lacks and which cannot be added after creation"
                 )),
             )),
-            _ => try_mirror(image, reference, target, policy, &verifications, registry),
+            _ => match verified_at_source.as_deref() {
+                Some(digest) => holds_digest(digest, reference, target, &[], registry),
+                None => try_mirror(image, reference, target, policy, &verifications, registry),
+            },
         };
         match attempt {
             Ok((swapped, note)) => {
@@ -100,25 +125,8 @@ fn try_mirror(
     match (policy.swap_policy, reference.digest()) {
         (SwapPolicy::Always, Some(digest)) => Ok((joined(&tagged, '@', digest), None)),
         (SwapPolicy::Always, None) => Ok((tagged, None)),
-        // The digest names the content: the mirror must serve exactly it.
         (SwapPolicy::Exists, Some(digest)) => {
-            let lookup = joined(repository, '@', digest);
-            match mirror_digest(registry, &lookup, verifications) {
-                Ok(answer) if answer == digest => Ok((joined(&tagged, '@', digest), None)),
-                Ok(answer) => Err((
-                    lookup,
-                    Failure::LookupError(format!(
-                        "could not verify it: the mirror answered digest {answer} for it"
-                    )),
-                )),
-                Err(LookupError::Unverified(why)) => {
-                    Err((lookup, Failure::unverified(why, Some(digest.to_string()))))
-                }
-                Err(LookupError::Absent(why)) if reference.tag().is_some() => {
-                    by_tag_after_digest(digest, &tagged, lookup, why, verifications, registry)
-                }
-                Err(error) => Err((lookup, error.into())),
-            }
+            holds_digest(digest, reference, target, verifications, registry)
         }
         (SwapPolicy::Exists, None) => {
             // verifySource's first step is the mirror's digest and one lookup of the source,
@@ -183,6 +191,67 @@ fn try_mirror(
             };
             Ok((image, note))
         }
+    }
+}
+
+/// Whether the mirror serves exactly `digest` (and verifies there under `verifications`): the
+/// digest names the content, so the swap is pinned to it.
+fn holds_digest(
+    digest: &str,
+    reference: &Reference,
+    target: &MirrorRepository<'_>,
+    verifications: &[Verification<'_>],
+    registry: &mut impl Registry,
+) -> Attempt {
+    let tagged = tagged(&target.repository, reference);
+    let lookup = joined(&target.repository, '@', digest);
+    match mirror_digest(registry, &lookup, verifications) {
+        Ok(answer) if answer == digest => Ok((joined(&tagged, '@', digest), None)),
+        Ok(answer) => Err((
+            lookup,
+            Failure::LookupError(format!(
+                "could not verify it: the mirror answered digest {answer} for it"
+            )),
+        )),
+        Err(LookupError::Unverified(why)) => {
+            Err((lookup, Failure::unverified(why, Some(digest.to_string()))))
+        }
+        Err(LookupError::Absent(why)) if reference.tag().is_some() => {
+            by_tag_after_digest(digest, &tagged, lookup, why, verifications, registry)
+        }
+        Err(error) => Err((lookup, error.into())),
+    }
+}
+
+/// The digest `reference` verifies at under every verification, asked of the source itself as
+/// a verifier on the source asks it. A digest reference must verify at its own digest.
+fn verify_at_source(
+    reference: &Reference,
+    verifications: &[Verification<'_>],
+    registry: &mut impl Registry,
+) -> Result<String, (String, Failure)> {
+    let source = reference.as_str().to_string();
+    let digest = match mirror_digest(registry, &source, verifications) {
+        Ok(digest) => digest,
+        Err(LookupError::Unverified(why)) => {
+            return Err((source, Failure::UnverifiedAtSource(why)));
+        }
+        Err(LookupError::OverBudget(refusal)) => {
+            return Err((source, Failure::not_looked_up(refusal)));
+        }
+        Err(LookupError::Absent(why) | LookupError::Failed(why)) => {
+            let why = format!("could not verify it at its source ({why})");
+            return Err((source, Failure::LookupError(why)));
+        }
+    };
+    match reference.digest() {
+        Some(pinned) if pinned != digest => Err((
+            source,
+            Failure::LookupError(format!(
+                "could not verify it at its source: the verification answered digest {digest} for it"
+            )),
+        )),
+        _ => Ok(digest),
     }
 }
 

@@ -131,6 +131,7 @@ mod tests {
             request,
             &policy_from(settings),
             registry,
+            &mut crate::verifiers::NoCluster,
             &FakeClock::default(),
         )
     }

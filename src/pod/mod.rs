@@ -39,6 +39,7 @@ use crate::budget::{Budgeted, Clock};
 use crate::decide::{Note, Reason};
 use crate::policy::{Action, Policy};
 use crate::registry::Registry;
+use crate::verifiers::{Cluster, verifier_rules};
 
 use candidates::{CONTAINER_LISTS, Candidate, EPHEMERAL_LIST, candidates};
 use check_report::check_outcome;
@@ -104,6 +105,17 @@ fn check(
     let report = budgeted.report();
     let originals = recorded_originals(&request.object);
     check_outcome(&checked, &candidates, &originals, policy, &report)
+}
+
+/// The policy for one admission with the rules of the cluster's verifiers beside its own
+/// `signatures`; when they cannot be read, marked so that nothing is swapped unverified.
+fn with_verifier_rules(policy: &Policy, namespace: &str, cluster: &mut impl Cluster) -> Policy {
+    let mut policy = policy.clone();
+    match verifier_rules(&policy.verifiers, namespace, cluster) {
+        Ok(rules) => policy.signatures.extend(rules),
+        Err(why) => policy.verifiers_unreadable = Some(why),
+    }
+    policy
 }
 
 /// What to answer the API server.
@@ -183,6 +195,7 @@ pub fn admit(
     mut request: KubernetesAdmissionRequest,
     policy: &Policy,
     registry: &mut impl Registry,
+    cluster: &mut impl Cluster,
     clock: &impl Clock,
 ) -> Outcome {
     if request.kind.kind != "Pod" || !request.kind.group.is_empty() {
@@ -231,6 +244,14 @@ pub fn admit(
     let recorded = match operation {
         Operation::Update => recorded_originals(&request.old_object),
         _ => BTreeMap::new(),
+    };
+    // The verifiers' rules, read once the admission has images to decide on.
+    let with_verifiers;
+    let policy = if policy.verifiers.is_empty() {
+        policy
+    } else {
+        with_verifiers = with_verifier_rules(policy, &request.namespace, cluster);
+        &with_verifiers
     };
     let existing_secrets = pull_secret_names(&request.object);
     let limit = Duration::from_millis(policy.lookup_budget_ms);
@@ -362,7 +383,13 @@ mod tests {
         policy: &Policy,
         registry: &mut impl Registry,
     ) -> Outcome {
-        super::admit(request, policy, registry, &FakeClock::default())
+        super::admit(
+            request,
+            policy,
+            registry,
+            &mut crate::verifiers::NoCluster,
+            &FakeClock::default(),
+        )
     }
 
     fn accepted_warnings(outcome: Outcome) -> Vec<String> {
@@ -899,6 +926,7 @@ mod tests {
             request("CREATE", "", object, Value::Null),
             &policy_from(&settings),
             &mut registry,
+            &mut crate::verifiers::NoCluster,
             &clock,
         );
         (outcome, registry.inner.asked.len())
@@ -993,6 +1021,7 @@ mod tests {
             request("CREATE", "", object, Value::Null),
             &policy_from(settings),
             &mut registry,
+            &mut crate::verifiers::NoCluster,
             &clock,
         );
         assert!(
@@ -1043,6 +1072,7 @@ mod tests {
                 ),
                 &policy,
                 &mut registry,
+                &mut crate::verifiers::NoCluster,
                 &clock,
             );
             let late: Vec<_> = registry

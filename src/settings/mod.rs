@@ -59,6 +59,16 @@ pub struct Settings {
     /// A mirror copy that does not verify under `signatures`: keep the source (default), or
     /// refuse the Pod.
     pub on_unverified: Fallback,
+    /// Verifier policies in the cluster whose `signatures` count as this policy's own, read at
+    /// every admission.
+    pub verifiers: Vec<VerifierSetting>,
+}
+
+/// One entry of `verifiers`: a glob on the `spec.module` of the cluster's policies.
+#[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VerifierSetting {
+    pub module: String,
 }
 
 impl Default for Settings {
@@ -79,6 +89,7 @@ impl Default for Settings {
             check_admissions: false,
             signatures: Vec::new(),
             on_unverified: Fallback::Keep,
+            verifiers: Vec::new(),
         }
     }
 }
@@ -129,11 +140,38 @@ impl Policy {
             errors.push("verifySource: true needs swapPolicy: exists; swapPolicy: always swaps without looking".to_string());
         }
         let signature_rules = signatures::rules(&settings.signatures, &mut errors);
-        if !settings.signatures.is_empty() && settings.swap_policy == SwapPolicy::Always {
-            errors.push("signatures: needs swapPolicy: exists; swapPolicy: always swaps without looking, so nothing would be verified".to_string());
+        let verifiers: Vec<Glob> = settings
+            .verifiers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, verifier)| {
+                Glob::new(&verifier.module)
+                    .map_err(|e| {
+                        errors.push(format!("verifiers[{i}].module: {:?}: {e}", verifier.module))
+                    })
+                    .ok()
+            })
+            .collect();
+        // The settings that verify: either list may bring rules at admission.
+        let verifying = [
+            ("signatures", !settings.signatures.is_empty()),
+            ("verifiers", !settings.verifiers.is_empty()),
+        ];
+        for (field, set) in verifying {
+            if set && settings.swap_policy == SwapPolicy::Always {
+                errors.push(format!("{field}: needs swapPolicy: exists; swapPolicy: always swaps without looking, so nothing would be verified"));
+            }
         }
-        if settings.signatures.is_empty() && settings.on_unverified == Fallback::Reject {
-            errors.push("onUnverified: reject is only used with signatures, which is empty; set signatures, or remove onUnverified".to_string());
+        // A verified image written without its digest lets the node pull whatever the tag names
+        // when it pulls: content nobody verified, past a verifier whose rules see only the
+        // mirror's name. verify-image-signatures pins what it verifies for the same reason.
+        for (field, set) in verifying {
+            if set && !settings.pin_digest {
+                errors.push(format!("pinDigest: false cannot be used with {field}: an image that verified is written pinned to the digest that verified, or the node may pull content nobody verified; remove pinDigest: false, or remove {field}"));
+            }
+        }
+        if verifying.iter().all(|(_, set)| !set) && settings.on_unverified == Fallback::Reject {
+            errors.push("onUnverified: reject is only used with signatures or verifiers, which are empty; set one, or remove onUnverified".to_string());
         }
         let budget = settings.lookup_budget_milliseconds;
         if !(1..=MAX_LOOKUP_BUDGET_MS).contains(&budget) {
@@ -158,6 +196,8 @@ impl Policy {
             check_admissions: settings.check_admissions,
             signatures: signature_rules,
             on_unverified: settings.on_unverified,
+            verifiers,
+            verifiers_unreadable: None,
         })
     }
 }
@@ -165,6 +205,22 @@ impl Policy {
 impl Validatable for Settings {
     fn validate(&self) -> Result<(), String> {
         Policy::from_settings(self).map(|_| ())
+    }
+}
+
+/// The rules of a `signatures` list found in another policy's settings (a verifier's), validated
+/// as this policy's own; the error names `signatures[i]`, the field and the value.
+pub fn signature_rules_from(
+    list: &serde_json::Value,
+) -> Result<Vec<crate::signatures::SignatureRule>, String> {
+    let settings: Vec<SignatureSetting> = serde_path_to_error::deserialize(list)
+        .map_err(|e| format!("signatures{}: {}", e.path(), e.inner()))?;
+    let mut errors = Vec::new();
+    let rules = signatures::rules(&settings, &mut errors);
+    if errors.is_empty() {
+        Ok(rules)
+    } else {
+        Err(errors.join("; "))
     }
 }
 

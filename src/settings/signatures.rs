@@ -331,6 +331,39 @@ mod tests {
         assert!(error.contains(expected), "{error}");
     }
 
+    /// A covered image is always written pinned: `pinDigest: false` beside `signatures` is
+    /// refused however either is written, and allowed only without `signatures`.
+    #[rstest]
+    #[case::pub_keys(
+        r#""signatures":[{"image":"*","pubKeys":["KEY"]}],"pinDigest":false"#,
+        true
+    )]
+    #[case::written_first(r#""pinDigest":false,"signatures":[{"image":"docker.io/*","keyless":[{"issuer":"i","subject":"s"}]}]"#, true)]
+    #[case::with_verify_source(r#""verifySource":true,"pinDigest":false,"signatures":[{"image":"*","githubActions":{"owner":"o"}}]"#, true)]
+    #[case::pinned(
+        r#""signatures":[{"image":"*","pubKeys":["KEY"]}],"pinDigest":true"#,
+        false
+    )]
+    #[case::no_signatures(r#""signatures":[],"pinDigest":false"#, false)]
+    fn pin_digest_false_is_refused_with_signatures(#[case] fields: &str, #[case] refused: bool) {
+        let json = format!(
+            r#"{{"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],{}}}"#,
+            fields.replace("KEY", &KEY.replace('\n', "\\n"))
+        );
+        let result = Policy::from_settings(&parse_settings(json.as_bytes()).expect("parsed"));
+        match result {
+            Err(error) if refused => assert!(
+                error.contains("pinDigest: false cannot be used with signatures"),
+                "{error}"
+            ),
+            Ok(_) if !refused => {}
+            other => panic!(
+                "{fields}: refused {refused} expected, got {:?}",
+                other.err()
+            ),
+        }
+    }
+
     #[test]
     fn on_unverified_reject_without_signatures_is_refused() {
         let json =

@@ -140,6 +140,9 @@ pub struct LiveHost {
     /// a resolver would send them there; texts name the host as the real client writes it
     /// (`https://index.docker.io/...`).
     pub aliases: BTreeMap<String, String>,
+    /// The cluster the Kubernetes host capabilities read (`verifiers`); without one, a list is
+    /// answered as a policy-server whose Kubernetes client could not be built.
+    pub cluster: Option<super::kubernetes::Cluster>,
 }
 
 /// `host/repository[:tag|@digest]` split as the registry API needs it.
@@ -504,6 +507,23 @@ impl Host for LiveHost {
         operation: &str,
         payload: &[u8],
     ) -> Result<Vec<u8>, String> {
+        if (binding, namespace) == ("kubewarden", "kubernetes") {
+            let tag = super::kubernetes::session_tag(operation)
+                .ok_or_else(|| format!("unknown operation: {operation}"))?;
+            let fields: Value = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+            let answer = match &self.cluster {
+                Some(cluster) => cluster.answer(operation, payload),
+                None => Err("kube::Client was not initialized properly".to_string()),
+            };
+            self.exchanges.push(Exchange {
+                tag: tag.to_string(),
+                image: String::new(),
+                fields: Some(fields),
+                answer: answer.clone(),
+                took: Duration::ZERO,
+            });
+            return answer.map(String::into_bytes);
+        }
         if (binding, namespace, operation) == ("kubewarden", "oci", "v2/verify") {
             let request: Value = serde_json::from_slice(payload)
                 .map_err(|e| format!("the verification request is not JSON: {e}"))?;
@@ -579,6 +599,10 @@ fn recorded_request(text: &str) -> anyhow::Result<(String, String, Option<Value>
     };
     let tag = tagged.tag.to_string().trim_start_matches('!').to_string();
     let fields: Value = serde_json::to_value(&tagged.value)?;
+    // A Kubernetes request names no image: it is compared by its fields, as a verification is.
+    if tag.starts_with("Kubernetes") {
+        return Ok((tag, String::new(), Some(fields)));
+    }
     let image = fields["image"]
         .as_str()
         .ok_or_else(|| anyhow::anyhow!("a session request without an image: {text}"))?
@@ -647,7 +671,11 @@ impl Host for ReplayHost {
         payload: &[u8],
     ) -> Result<Vec<u8>, String> {
         // A verification is a JSON request whose `type` is its session tag; a lookup, an image.
-        let (tag, image, fields) = if operation == "v2/verify" {
+        let (tag, image, fields) = if let Some(tag) = super::kubernetes::session_tag(operation) {
+            let request: Value = serde_json::from_slice(payload)
+                .map_err(|e| format!("the Kubernetes request is not JSON: {e}"))?;
+            (tag.to_string(), String::new(), Some(request))
+        } else if operation == "v2/verify" {
             let request: Value = serde_json::from_slice(payload)
                 .map_err(|e| format!("the verification request is not JSON: {e}"))?;
             let tag = request["type"].as_str().unwrap_or("unknown").to_string();

@@ -8,6 +8,7 @@ pub mod front;
 pub mod hanging;
 pub mod hosts;
 pub mod images;
+pub mod kubernetes;
 pub mod proxy;
 pub mod pull_through;
 pub mod registry;
