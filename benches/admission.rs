@@ -114,11 +114,26 @@ fn signatures(policy: &WasmPolicy) {
     );
     println!("| settings | host calls | median | p99 |");
     println!("|---|---:|---:|---:|");
-    for (name, settings) in [
-        ("without signatures", json!({"mirrors": mirrors})),
+    let rule = json!({"image": "src.example.com/org/*", "pubKeys": [signer.public_pem]});
+    // The same rule in a verify-image-signatures ClusterAdmissionPolicy, read by `verifiers`.
+    let cluster = rig::kubernetes::Cluster::with_policies(&[(
+        "ClusterAdmissionPolicy",
+        None,
+        "verify-image-signatures",
+        json!({"module": "registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11",
+            "settings": {"signatures": [rule]}}),
+    )]);
+    for (name, settings, cluster) in [
+        ("without signatures", json!({"mirrors": mirrors}), None),
         (
             "signatures (pubKeys)",
-            json!({"mirrors": mirrors, "signatures": [{"image": "src.example.com/org/*", "pubKeys": [signer.public_pem]}]}),
+            json!({"mirrors": mirrors, "signatures": [rule]}),
+            None,
+        ),
+        (
+            "verifiers (the same rule, read from a ClusterAdmissionPolicy)",
+            json!({"mirrors": mirrors, "verifiers": [{"module": "*/verify-image-signatures:*"}]}),
+            Some(cluster),
         ),
     ] {
         let payload = json!({"settings": settings, "request": request}).to_string();
@@ -126,7 +141,10 @@ fn signatures(policy: &WasmPolicy) {
         let mut times = Vec::with_capacity(runs);
         let mut calls = 0;
         for _ in 0..runs {
-            let host = Arc::new(Mutex::new(LiveHost::default()));
+            let host = Arc::new(Mutex::new(LiveHost {
+                cluster: cluster.clone(),
+                ..LiveHost::default()
+            }));
             let started = Instant::now();
             let evaluation = policy.call("validate", payload.as_bytes(), host.clone());
             times.push(started.elapsed());

@@ -14,6 +14,7 @@ check_case() {
     --request-path "$dir/request.json" \
     --settings-path "$dir/settings.yml" \
     --replay-host-capabilities-interactions "$dir/session.yml" \
+    --allow-context-aware \
     "$POLICY"
   echo "status: $status"
   echo "stdout: $output"

@@ -200,3 +200,15 @@ load helpers
 @test "signatures: a mirror tag naming another digest than the signed one is not swapped to" {
   check_case signatures-other-digest-kept
 }
+
+@test "verifiers: a namespaced verifier's rules, read from the cluster, keep an unsigned image at its source" {
+  check_case verifiers-namespaced-unsigned-kept
+}
+
+@test "verifiers: a signed image whose copy verifies under a namespaced verifier's rules is swapped at its verified digest" {
+  check_case verifiers-namespaced-signed-swapped
+}
+
+@test "verifiers that cannot be read keep the image, with the host's reason" {
+  check_case verifiers-unreadable-kept
+}

@@ -21,7 +21,15 @@ fn metadata_declares_a_mutating_wapc_policy_for_pods() {
     let metadata = metadata();
     assert_eq!(metadata["mutating"], json!(true));
     assert_eq!(metadata["executionMode"], json!("kubewarden-wapc"));
-    assert_eq!(metadata["contextAwareResources"], json!([]));
+    // The verifier policies `verifiers` reads, and nothing else.
+    let kinds = [
+        "ClusterAdmissionPolicy",
+        "ClusterAdmissionPolicyGroup",
+        "AdmissionPolicy",
+        "AdmissionPolicyGroup",
+    ]
+    .map(|kind| json!({"apiVersion": "policies.kubewarden.io/v1", "kind": kind}));
+    assert_eq!(metadata["contextAwareResources"], json!(kinds));
     let resources: Vec<(String, Value)> = metadata["rules"]
         .as_array()
         .expect("rules")
@@ -81,7 +89,9 @@ fn metadata_has_every_annotation_and_the_crate_version() {
 
 #[test]
 fn host_capabilities_are_exactly_the_ones_the_code_calls() {
-    let host = std::fs::read_to_string(rig::root().join("src/host.rs")).expect("src/host.rs");
+    let host = ["src/host.rs", "src/host/kubernetes.rs"]
+        .map(|file| std::fs::read_to_string(rig::root().join(file)).expect(file))
+        .join("\n");
     let called: Vec<&str> = [
         ("oci::get_manifest_digest(", "oci/v1/manifest_digest"),
         ("oci::get_manifest(", "oci/v1/oci_manifest"),
@@ -89,6 +99,11 @@ fn host_capabilities_are_exactly_the_ones_the_code_calls() {
         (
             "oci::get_manifest_and_config(",
             "oci/v1/oci_manifest_config",
+        ),
+        ("\"list_resources_all\"", "kubernetes/list_resources_all"),
+        (
+            "\"list_resources_by_namespace\"",
+            "kubernetes/list_resources_by_namespace",
         ),
     ]
     .iter()
@@ -201,6 +216,13 @@ fn artifacthub_package_matches_metadata_and_questions() {
         serde_yaml::from_str(annotations["kubewarden/rules"].as_str().expect("rules"))
             .expect("rules YAML");
     assert_eq!(rules, metadata["rules"]);
+    let context_aware: Value = serde_yaml::from_str(
+        annotations["kubewarden/contextAwareResources"]
+            .as_str()
+            .expect("contextAwareResources"),
+    )
+    .expect("contextAwareResources YAML");
+    assert_eq!(context_aware, metadata["contextAwareResources"]);
     let questions =
         std::fs::read_to_string(rig::root().join("questions-ui.yml")).expect("questions-ui.yml");
     assert_eq!(

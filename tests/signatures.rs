@@ -412,6 +412,138 @@ fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_sou
     }
 }
 
+const VERIFY_MODULE: &str =
+    "registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11";
+
+/// The cluster of the `verifiers` tests: verify-image-signatures deployed as namespace
+/// `team`'s own AdmissionPolicy, validating (`mutating: false`), its rules on the sources.
+fn team_verifier(world: &World) -> rig::kubernetes::Cluster {
+    let rule = world.rule(&format!("{}/org/*", world.source.host));
+    rig::kubernetes::Cluster::with_policies(&[(
+        "AdmissionPolicy",
+        Some("team"),
+        "verify-image-signatures",
+        json!({"module": VERIFY_MODULE, "mutating": false,
+            "settings": {"signatures": [rule], "modifyImagesWithDigest": false}}),
+    )])
+}
+
+/// The swapper (cluster-wide, mutating) then namespace `team`'s validating verifier, which
+/// runs after every mutation whatever the names: what the API server stores, or the refusal.
+fn admit_in(
+    namespace: &str,
+    settings: &Value,
+    cluster: &rig::kubernetes::Cluster,
+    image: &str,
+) -> Admitted {
+    let host = shared(LiveHost {
+        cluster: Some(cluster.clone()),
+        ..LiveHost::default()
+    });
+    let mut request = pod(image);
+    request["namespace"] = json!(namespace);
+    request["object"]["metadata"]["namespace"] = json!(namespace);
+    let response = validate(settings, &request, host.clone());
+    if !response.accepted {
+        return Err(response.message.unwrap_or_default());
+    }
+    let stored = response.image("containers", 0).unwrap_or(image).to_string();
+    let in_team = cluster
+        .objects
+        .iter()
+        .any(|o| o.pointer("/metadata/namespace") == Some(&json!(namespace)));
+    if in_team {
+        let rules = [world_rule_of(cluster)];
+        // Validating: it verifies and never patches.
+        verifier(&rules, &stored, &(host as SharedHost))?;
+    }
+    Ok(stored)
+}
+
+fn world_rule_of(cluster: &rig::kubernetes::Cluster) -> Value {
+    cluster.objects[0]["spec"]["settings"]["signatures"][0].clone()
+}
+
+/// `verifiers`: a verifier the webhook order cannot put first (validating, and namespaced)
+/// with rules on the sources, and the swapper cluster-wide without `signatures` of its own.
+/// Without `verifiers` the unsigned image is swapped and the verifier, seeing the mirror's
+/// name, verifies nothing; with it, in that namespace every outcome is the verifier's own, and
+/// elsewhere the swap is as without it.
+#[test]
+fn verifiers_read_from_the_cluster_cover_a_namespaced_validating_verifier() {
+    let world = World::start("sig-verifiers", Signer::generate());
+    let cluster = team_verifier(&world);
+    let without = world.swapper_settings(false);
+    let mut settings = without.clone();
+    settings["verifiers"] = json!([{"module": "*/verify-image-signatures:*"}]);
+    let (unsigned, signed) = (world.image("unsigned"), world.image("signed"));
+    // The hole, as it stands without `verifiers`.
+    assert_eq!(
+        admit_in("team", &without, &cluster, &unsigned),
+        Ok(world.mirror_image("unsigned", &world.unsigned)),
+        "without verifiers the unsigned image escapes the team's verifier"
+    );
+    let refused = admit_in("team", &settings, &cluster, &unsigned);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|m| m.contains("verification of image")),
+        "unsigned in team: {refused:?}"
+    );
+    assert_eq!(
+        admit_in("team", &settings, &cluster, &signed),
+        Ok(signed.clone()),
+        "signed in team, its signature not yet in the mirror: kept at its source"
+    );
+    world.copy_signature();
+    assert_eq!(
+        admit_in("team", &settings, &cluster, &signed),
+        Ok(world.mirror_image("signed", &world.signed)),
+        "signed in team, its signature copied: swapped at the verified digest"
+    );
+    // A namespace without a verifier: as today.
+    assert_eq!(
+        admit_in("other", &settings, &cluster, &unsigned),
+        Ok(world.mirror_image("unsigned", &world.unsigned))
+    );
+}
+
+/// Verifiers that cannot be read (a kind not granted in `contextAwareResources`, or no
+/// Kubernetes client) keep every image bound for a mirror, with the host's words:
+/// `onLookupError`'s case, never a swap unverified.
+#[test]
+fn verifiers_that_cannot_be_read_keep_every_image() {
+    let world = World::start("sig-verifiers-unread", Signer::generate());
+    let mut settings = world.swapper_settings(false);
+    settings["verifiers"] = json!([{"module": "*/verify-image-signatures:*"}]);
+    let mut not_granted = team_verifier(&world);
+    not_granted.granted = Some(vec![(
+        "policies.kubewarden.io/v1".to_string(),
+        "ClusterAdmissionPolicy".to_string(),
+    )]);
+    let image = world.image("unsigned");
+    for (cluster, said) in [
+        (
+            Some(not_granted),
+            "could not list ClusterAdmissionPolicyGroup objects (Policy has not been granted access to Kubernetes policies.kubewarden.io/v1/ClusterAdmissionPolicyGroup resources. The violation has been reported. List the four",
+        ),
+        (
+            None,
+            "could not list ClusterAdmissionPolicy objects (kube::Client was not initialized properly)",
+        ),
+    ] {
+        let host = shared(LiveHost {
+            cluster,
+            ..LiveHost::default()
+        });
+        let response = validate(&settings, &pod(&image), host);
+        assert!(response.accepted);
+        assert_eq!(response.image("containers", 0), None, "not swapped");
+        assert!(response.warned(said), "{:?}", response.warnings);
+        assert_eq!(response.audit["kept"][0]["reason"], json!("lookup-error"));
+    }
+}
+
 /// A mirror tag that names other content than the signed digest, beside that digest's
 /// signature, is never swapped to; a pinned image is swapped only to its own digest.
 #[test]

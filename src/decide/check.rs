@@ -11,7 +11,7 @@ use crate::rules::Router;
 use crate::text::quote;
 
 use super::{Routed, joined, mirror_digest, route, verified_digest};
-use crate::signatures::{Verification, verifications_for};
+use crate::signatures::{Verification, covers, verifications_for};
 
 /// A mirror image, as the lookup that asks the mirror for exactly what a node pulls.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,6 +107,10 @@ pub enum Presence {
     NotChecked(String),
     /// Not asked: the lookup budget would likely have run out first, and why.
     OverBudget(Refusal),
+    /// A mirror image that is there, swapped from a source a rule of `signatures` covers, whose
+    /// digest no longer verifies at that source (its signature deleted or replaced): the host's
+    /// words and the digest. The mirror's own signature still vouches for it. A finding.
+    RevokedAtSource { answer: String, digest: String },
     /// A source image a target holds, but whose copy there does not verify under
     /// `signatures`: the target (its index), the host's words, and the digest the target
     /// serves when it was learned, which names the signature tag to copy. A finding.
@@ -124,14 +128,38 @@ pub enum CheckedImage {
     Mirror(MirrorImage),
     /// A source image a rule routes to a mirror: does any target hold it? ("not in the mirror")
     Source(SourceImage),
+    /// A mirror image pinned to a digest, swapped from `written` (the Pod's record of its
+    /// original, as the Pod wrote it), which a rule of `signatures` covers: still there, and
+    /// does that digest still verify at its source (`source`, `name@digest`)?
+    SignedMirror {
+        mirror: MirrorImage,
+        written: String,
+        source: String,
+    },
 }
 
 impl CheckedImage {
-    /// What `image` is to the check: a mirror image, else (with `reportUnmirrored`) a source
-    /// image a rule routes, else nothing to ask.
-    pub fn of(image: &str, policy: &Policy) -> Option<CheckedImage> {
+    /// What `image` is to the check: a mirror image (re-verified at its source when the swap
+    /// recorded an `original` that `signatures` covers, and the image pins the digest that
+    /// verified), else (with `reportUnmirrored`) a source image a rule routes, else nothing.
+    /// `original` is the Pod's record, taken only when routing it gives this very image.
+    pub fn of(image: &str, original: Option<&str>, policy: &Policy) -> Option<CheckedImage> {
         if let Some(mirror) = mirror_image(image, &policy.router) {
-            return Some(CheckedImage::Mirror(mirror));
+            let covered = original
+                .filter(|original| policy.router.is_swap_of(original, image))
+                .filter(|original| covers(&policy.signatures, original));
+            let source = covered.zip(mirror.digest()).and_then(|(original, digest)| {
+                let reference = Reference::parse(original).ok()?;
+                Some((original, joined(reference.name(), '@', digest)))
+            });
+            return Some(match source {
+                Some((written, source)) => CheckedImage::SignedMirror {
+                    mirror,
+                    written: written.to_string(),
+                    source,
+                },
+                None => CheckedImage::Mirror(mirror),
+            });
         }
         if policy.report_unmirrored {
             return source_image(image, policy).map(CheckedImage::Source);
@@ -142,7 +170,9 @@ impl CheckedImage {
     /// The lookup asked first: its registry orders the checks.
     pub fn first_lookup(&self) -> &str {
         match self {
-            CheckedImage::Mirror(image) => &image.lookup,
+            CheckedImage::Mirror(image) | CheckedImage::SignedMirror { mirror: image, .. } => {
+                &image.lookup
+            }
             CheckedImage::Source(image) => image.targets.first().map_or("", |t| t.lookup.as_str()),
         }
     }
@@ -150,6 +180,17 @@ impl CheckedImage {
     pub fn check(&self, policy: &Policy, registry: &mut impl Registry) -> Presence {
         match self {
             CheckedImage::Mirror(image) => check(image, registry),
+            CheckedImage::SignedMirror {
+                mirror,
+                written,
+                source,
+            } => match check(mirror, registry) {
+                Presence::Present => {
+                    let verifications = verifications_for(&policy.signatures, written);
+                    check_at_source(source, mirror, &verifications, registry)
+                }
+                other => other,
+            },
             CheckedImage::Source(image) => {
                 let verifications = verifications_for(&policy.signatures, &image.written);
                 check_source(image, &verifications, registry)
@@ -193,6 +234,8 @@ pub fn check_source(
                 failed.get_or_insert(format!("{}: {why}", quote(&target.lookup)));
             }
             Presence::OverBudget(refusal) => return Presence::OverBudget(refusal),
+            // A target's copy is asked at the mirror only; kept as the answer should it come.
+            revoked @ Presence::RevokedAtSource { .. } => return revoked,
         }
     }
     if let Some(found) = unverified {
@@ -223,6 +266,33 @@ pub fn check(image: &MirrorImage, registry: &mut impl Registry) -> Presence {
         },
         Err(LookupError::Absent(why)) => Presence::Gone(why),
         Err(LookupError::Failed(why) | LookupError::Unverified(why)) => Presence::NotChecked(why),
+        Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
+    }
+}
+
+/// Whether the digest a mirror image pins still verifies at its source, as a verifier on the
+/// source would verify it now.
+fn check_at_source(
+    source: &str,
+    mirror: &MirrorImage,
+    verifications: &[Verification<'_>],
+    registry: &mut impl Registry,
+) -> Presence {
+    let digest = mirror.digest().unwrap_or_default();
+    match mirror_digest(registry, source, verifications) {
+        Ok(answer) if answer == digest => Presence::Present,
+        Ok(answer) => Presence::NotChecked(format!(
+            "its source's verification answered digest {answer} for {}",
+            quote(source)
+        )),
+        Err(LookupError::Unverified(answer)) => Presence::RevokedAtSource {
+            answer,
+            digest: digest.to_string(),
+        },
+        Err(LookupError::Absent(why) | LookupError::Failed(why)) => Presence::NotChecked(format!(
+            "could not verify it at its source {} ({why})",
+            quote(source)
+        )),
         Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
     }
 }

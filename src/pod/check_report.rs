@@ -13,7 +13,7 @@ use crate::text::quote;
 
 use super::candidates::Candidate;
 use super::checks::Checked;
-use super::copies::{fill_command, refill_command, signature_command};
+use super::copies::{fill_command, refill_command, signature_command, signature_tag};
 use super::report::{capped, time_spent};
 use super::{Outcome, Verdict};
 
@@ -34,6 +34,7 @@ pub(super) fn check_outcome(
         return Outcome::unchanged();
     }
     let mut gone = Vec::new();
+    let mut revoked = Vec::new();
     let mut unmirrored = Vec::new();
     let mut not_checked = Vec::new();
     let mut over_budget = Vec::new();
@@ -48,7 +49,22 @@ pub(super) fn check_outcome(
         let asked = entry.image.first_lookup();
         match (&entry.presence, &entry.image) {
             (Presence::Present, _) => {}
-            (Presence::Gone(answer), CheckedImage::Mirror(mirror)) => {
+            (
+                Presence::RevokedAtSource { answer, digest },
+                CheckedImage::SignedMirror { mirror, source, .. },
+            ) => {
+                let stale = signature_tag(mirror.repository(), digest);
+                revoked.push(format!(
+                    "{container}: image {} no longer verifies at its source (asked for {}, it answered: {answer}), while the mirror's signature tag {} still verifies digest {digest} there; remove it (skopeo delete docker://{stale}), so that no Pod is swapped to it again, and roll out the Pods that run it",
+                    quote(image),
+                    quote(source),
+                    quote(&stale),
+                ));
+            }
+            (
+                Presence::Gone(answer),
+                CheckedImage::Mirror(mirror) | CheckedImage::SignedMirror { mirror, .. },
+            ) => {
                 let original = originals
                     .get(candidate.name)
                     .filter(|original| policy.router.is_swap_of(original, image));
@@ -97,7 +113,9 @@ pub(super) fn check_outcome(
                     quote(&mirror.lookup),
                 ));
             }
-            (Presence::NotChecked(why), _) | (Presence::Unverified { answer: why, .. }, _) => {
+            (Presence::NotChecked(why), _)
+            | (Presence::Unverified { answer: why, .. }, _)
+            | (Presence::RevokedAtSource { answer: why, .. }, _) => {
                 unchecked += 1;
                 not_checked.push(format!(
                     "{container}: image {} not checked: could not ask the mirror for {} ({why})",
@@ -125,7 +143,7 @@ pub(super) fn check_outcome(
     }
     let audit = check_audit(
         checked.len(),
-        (gone.len(), unmirrored.len()),
+        (gone.len() + revoked.len(), unmirrored.len()),
         unchecked,
         report,
     );
@@ -134,6 +152,11 @@ pub(super) fn check_outcome(
             gone,
             "a mirror image the Pod runs is gone from the mirror",
             "mirror images the Pod runs are gone from the mirror",
+        ),
+        under_head(
+            revoked,
+            "a mirror image the Pod runs no longer verifies at its source",
+            "mirror images the Pod runs no longer verify at their sources",
         ),
         under_head(
             unmirrored,

@@ -26,6 +26,7 @@ pub(super) struct Checked {
 /// every one a rule routes to a mirror; the others need no lookup.
 pub(super) fn check_all(
     candidates: &[Candidate<'_>],
+    originals: &BTreeMap<String, String>,
     policy: &Policy,
     registry: &mut impl Registry,
 ) -> Vec<Checked> {
@@ -38,7 +39,8 @@ pub(super) fn check_all(
         let index = match index_of.get(candidate.image) {
             Some(&index) => index,
             None => {
-                let Some(image) = check::CheckedImage::of(candidate.image, policy) else {
+                let original = originals.get(candidate.name).map(String::as_str);
+                let Some(image) = check::CheckedImage::of(candidate.image, original, policy) else {
                     continue;
                 };
                 distinct.push(image);
@@ -397,5 +399,65 @@ mod tests {
         let outcome = run(protect, admitted(web("nginx:1.27")), &mut registry);
         assert_eq!(outcome.verdict, Verdict::Accept);
         assert!(outcome.warnings.is_empty());
+    }
+
+    const SIGNED_CHECK: &str = r#"{"action":"check","mirrors":[{"source":"docker.io","target":"m.io/hub"}],
+        "signatures":[{"image":"nginx*","pubKeys":["-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----"]}]}"#;
+    const SOURCE_BY_DIGEST: &str = "docker.io/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const STALE_SIGNATURE: &str = "m.io/hub/library/nginx:sha256-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sig";
+
+    /// A running mirror image swapped from a source `signatures` covers: its digest is
+    /// verified again at the source; one whose signature was removed there is a finding that
+    /// names the mirror's stale signature tag and the command that removes it.
+    #[test]
+    fn a_running_mirror_image_whose_source_no_longer_verifies_is_a_finding() {
+        let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
+        registry.verifications.insert(
+            SOURCE_BY_DIGEST.to_string(),
+            Err(LookupError::Unverified(format!(
+                "no signatures found for image: {SOURCE_BY_DIGEST}"
+            ))),
+        );
+        let pod = scanned(web(PINNED), recorded("nginx:1.27"));
+        let outcome = run(SIGNED_CHECK, pod, &mut registry);
+        let Verdict::Reject(message) = &outcome.verdict else {
+            panic!("no finding: {outcome:?}");
+        };
+        assert!(
+            message.contains(
+                "no longer verifies at its source (asked for \"docker.io/library/nginx@sha256:aaaa"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!(
+                "remove it (skopeo delete docker://{STALE_SIGNATURE})"
+            )),
+            "{message}"
+        );
+        assert_eq!(
+            registry.asked,
+            [BY_DIGEST.to_string(), format!("verify {SOURCE_BY_DIGEST}")]
+        );
+
+        // Still signed at the source: nothing to report. Without the record, or a record the
+        // image is no swap of, the image is checked for presence only.
+        registry
+            .verifications
+            .insert(SOURCE_BY_DIGEST.to_string(), Ok(DIGEST_A.to_string()));
+        let pod = scanned(web(PINNED), recorded("nginx:1.27"));
+        assert_eq!(
+            run(SIGNED_CHECK, pod, &mut registry).verdict,
+            Verdict::Accept
+        );
+        for annotations in [json!({}), recorded("nginx:1.26")] {
+            registry.asked.clear();
+            let pod = scanned(web(PINNED), annotations);
+            assert_eq!(
+                run(SIGNED_CHECK, pod, &mut registry).verdict,
+                Verdict::Accept
+            );
+            assert_eq!(registry.asked, [BY_DIGEST]);
+        }
     }
 }

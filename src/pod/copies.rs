@@ -45,9 +45,14 @@ pub(super) fn fill_command(source: &SourceImage) -> String {
 /// verifies at the mirror name.
 pub(super) fn signature_command(source_name: &str, repository: &str, digest: &str) -> String {
     copy_command(
-        &format!("{}.sig", own_tag(source_name, digest)),
-        &format!("{}.sig", own_tag(repository, digest)),
+        &signature_tag(source_name, digest),
+        &signature_tag(repository, digest),
     )
+}
+
+/// `repository:sha256-<hex>.sig`: cosign's signature tag of `digest` in `repository`.
+pub(super) fn signature_tag(repository: &str, digest: &str) -> String {
+    format!("{}.sig", own_tag(repository, digest))
 }
 
 /// `repository:sha256-<hex>`: the tag a copy by digest is pushed to.

@@ -101,9 +101,9 @@ fn check(
     let candidates = changed_containers(request, operation);
     let limit = Duration::from_millis(policy.lookup_budget_ms);
     let mut budgeted = Budgeted::new(registry, clock, limit);
-    let checked = check_all(&candidates, policy, &mut budgeted);
-    let report = budgeted.report();
     let originals = recorded_originals(&request.object);
+    let checked = check_all(&candidates, &originals, policy, &mut budgeted);
+    let report = budgeted.report();
     check_outcome(&checked, &candidates, &originals, policy, &report)
 }
 
