@@ -369,10 +369,51 @@ fn a_signature_deleted_at_the_source_is_refused_at_once_with_verify_source() {
         json!("unverified-at-source")
     );
     assert_eq!(response.unmirrored(), None, "no copy would help");
-    // Without verifySource the mirror's stale signature still verifies: the check role's
-    // finding is what reports it.
+    // Without verifySource the mirror's stale signature still verifies...
     let stale = admit(&world, Order::SwapperFirst, &rules, true, &image);
-    assert_eq!(stale, Ok(swapped));
+    assert_eq!(stale, Ok(swapped.clone()));
+    // ...and the check role, scanning the Pods that run the swap, reports it (`fail`), naming
+    // the mirror's stale signature tag and the command that removes it.
+    let mut check = world.swapper_settings(true);
+    check["action"] = json!("check");
+    let running = rig::audit_request(
+        1,
+        json!({"containers": [{"name": "web", "image": swapped}]}),
+        json!({"image-swapper.kubewarden.io/original-images": json!({"web": image}).to_string()}),
+    );
+    let report = validate(&check, &running, shared(LiveHost::default()));
+    let message = report.message.clone().unwrap_or_default();
+    assert!(
+        !report.accepted && report.code.is_none(),
+        "a finding: {report:?}"
+    );
+    let stale_tag = format!(
+        "{}/cache/{REPOSITORY}:{}",
+        world.mirror.host,
+        signature_tag(&world.signed)
+    );
+    assert!(
+        message.contains("no longer verifies at its source")
+            && message.contains(&format!("remove it (skopeo delete docker://{stale_tag})")),
+        "{message}"
+    );
+    // The command as the report gives it removes the tag, after which the mirror's copy no
+    // longer verifies either: the chain refuses even without verifySource.
+    let status = std::process::Command::new("skopeo")
+        .args([
+            "delete",
+            "--tls-verify=false",
+            &format!("docker://{stale_tag}"),
+        ])
+        .status()
+        .expect("skopeo");
+    assert!(status.success(), "skopeo delete {stale_tag}");
+    let after = admit(&world, Order::SwapperFirst, &rules, true, &image);
+    assert!(after.is_err(), "the stale signature removed: {after:?}");
+    // The Pods still run content whose source no longer vouches for it: still a finding,
+    // until they are rolled out.
+    let report = validate(&check, &running, shared(LiveHost::default()));
+    assert!(!report.accepted, "still a finding: {report:?}");
 }
 
 /// The publisher ships a fixed build under the same tag and signs it. With `verifySource` the
@@ -409,6 +450,93 @@ fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_sou
             Ok(world.mirror_image("signed", &fixed_digest)),
             "{order:?}, the fixed build copied"
         );
+    }
+}
+
+/// A host that trusts every verification (answering one digest) and keeps each request as
+/// the guest sent it: what the host receives, to compare whole.
+#[derive(Default)]
+struct TrustingHost {
+    requests: Vec<Value>,
+}
+
+const TRUSTED_DIGEST: &str =
+    "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+impl rig::wapc::Host for TrustingHost {
+    fn call(
+        &mut self,
+        _binding: &str,
+        _namespace: &str,
+        operation: &str,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        if operation != "v2/verify" {
+            return Err(format!("unexpected host call {operation}"));
+        }
+        self.requests
+            .push(serde_json::from_slice(payload).map_err(|e| e.to_string())?);
+        Ok(json!({"is_trusted": true, "digest": TRUSTED_DIGEST})
+            .to_string()
+            .into_bytes())
+    }
+}
+
+/// Every kind of rule reaches the host as verify-image-signatures' own request for it (the
+/// SDK 0.17.3's `SigstoreVerificationInputV2`, which both send through the same helpers),
+/// compared whole and in order: the annotations, the Rekor bundle flag, a keyless identity's
+/// issuer and subject, a GitHub Actions repository and a certificate chain are each part of
+/// what the host verifies, so a request that dropped or changed one would verify less.
+#[test]
+fn every_rule_reaches_the_host_as_the_verifiers_own_request() {
+    let key = Signer::generate();
+    let (alice, bob) = (
+        Signer::with_certificate("alice@example.com"),
+        Signer::with_certificate("bob@example.com"),
+    );
+    let pem = |signer: &Signer, field: &str| -> String {
+        match field {
+            "certificate" => signer.certificate_pem.clone().expect("certificate"),
+            _ => signer.chain_pem.clone().expect("chain"),
+        }
+    };
+    let bytes = |text: String| json!(text.into_bytes());
+    let annotations = json!({"env": "prod"});
+    let settings = json!({
+        "mirrors": [{"source": "registry.example.com", "target": "mirror.example.com/cache"}],
+        "signatures": [
+            {"image": "registry.example.com/*", "pubKeys": [key.public_pem], "annotations": annotations},
+            {"image": "registry.example.com/*", "keyless": [{"issuer": "https://accounts.example.com", "subject": "ci@example.com"}]},
+            {"image": "registry.example.com/*", "keylessPrefix": [{"issuer": "https://token.actions.githubusercontent.com", "urlPrefix": "https://github.com/org/app/"}]},
+            {"image": "registry.example.com/*", "githubActions": {"owner": "org", "repo": "app"}},
+            {"image": "registry.example.com/*", "certificates": [pem(&alice, "certificate"), pem(&bob, "certificate")],
+             "certificateChain": [pem(&alice, "chain")], "requireRekorBundle": true, "annotations": annotations},
+        ]
+    });
+    let mirror = "mirror.example.com/cache/org/app:1";
+    let host = shared(TrustingHost::default());
+    let response = validate(
+        &settings,
+        &pod("registry.example.com/org/app:1"),
+        host.clone(),
+    );
+    assert_eq!(
+        response.image("containers", 0),
+        Some(format!("{mirror}@{TRUSTED_DIGEST}").as_str())
+    );
+    let chain = json!([bytes(pem(&alice, "chain"))]);
+    let expected = vec![
+        json!({"type": "SigstorePubKeyVerify", "image": mirror, "pub_keys": [key.public_pem], "annotations": annotations}),
+        json!({"type": "SigstoreKeylessVerify", "image": mirror, "keyless": [{"issuer": "https://accounts.example.com", "subject": "ci@example.com"}], "annotations": null}),
+        json!({"type": "SigstoreKeylessPrefixVerify", "image": mirror, "keyless_prefix": [{"issuer": "https://token.actions.githubusercontent.com", "url_prefix": "https://github.com/org/app/"}], "annotations": null}),
+        json!({"type": "SigstoreGithubActionsVerify", "image": mirror, "owner": "org", "repo": "app", "annotations": null}),
+        json!({"type": "SigstoreCertificateVerify", "image": mirror, "certificate": bytes(pem(&alice, "certificate")), "certificate_chain": chain, "require_rekor_bundle": true, "annotations": annotations}),
+        json!({"type": "SigstoreCertificateVerify", "image": mirror, "certificate": bytes(pem(&bob, "certificate")), "certificate_chain": chain, "require_rekor_bundle": true, "annotations": annotations}),
+    ];
+    let requests = host.lock().expect("host").requests.clone();
+    assert_eq!(requests.len(), expected.len(), "{requests:#?}");
+    for (sent, wanted) in requests.iter().zip(&expected) {
+        assert_eq!(sent, wanted);
     }
 }
 

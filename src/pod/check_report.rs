@@ -55,7 +55,7 @@ pub(super) fn check_outcome(
             ) => {
                 let stale = signature_tag(mirror.repository(), digest);
                 revoked.push(format!(
-                    "{container}: image {} no longer verifies at its source (asked for {}, it answered: {answer}), while the mirror's signature tag {} still verifies digest {digest} there; remove it (skopeo delete docker://{stale}), so that no Pod is swapped to it again, and roll out the Pods that run it",
+                    "{container}: image {} no longer verifies at its source (asked for {}, it answered: {answer}), while the mirror's signature tag {} may still verify digest {digest} there; remove it (skopeo delete docker://{stale}), so that no Pod is swapped to it again, and roll out the Pods that run it",
                     quote(image),
                     quote(source),
                     quote(&stale),
