@@ -259,3 +259,107 @@ fn quoted_measurements_are_the_ones_performance_md_states() {
     }
     assert!(quoted >= 4, "{quoted} ranges quoted");
 }
+
+/// The user pages and the installation files: README.md, docs/ and deploy/ (when present).
+fn pinned_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for path in paths {
+            if path.is_dir() {
+                walk(&path, files);
+            } else if path
+                .extension()
+                .is_some_and(|e| e == "md" || e == "yaml" || e == "yml")
+            {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = vec![rig::root().join("README.md")];
+    walk(&rig::root().join("docs"), &mut files);
+    walk(&rig::root().join("deploy"), &mut files);
+    files
+}
+
+/// Every reference to this policy's module in `text`, with the version it pins: a name whose
+/// last path segment is `image-swapper` (or `image-swapper-...`), or the `registry://HOST/PATH`
+/// of one's own build, followed by `:vX.Y.Z`.
+fn module_references(text: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    let mut offset = 0;
+    while let Some(at) = rest.find(":v") {
+        let start = offset + at;
+        let version: String = text[start + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        let version = version.trim_end_matches('.').to_string();
+        let name: String = text[..start]
+            .chars()
+            .rev()
+            .take_while(|c| !c.is_whitespace() && !"`'\"(=[".contains(*c))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let last = name.rsplit('/').next().unwrap_or_default();
+        let is_module = last.starts_with("image-swapper") || name.ends_with("HOST/PATH");
+        if is_module && version.split('.').count() == 3 && version.split('.').all(|p| !p.is_empty())
+        {
+            found.push((format!("{name}:v{version}"), version));
+        }
+        offset = start + 2;
+        rest = &text[offset..];
+    }
+    found
+}
+
+#[test]
+fn module_references_are_recognised() {
+    let text = "module: registry://ghcr.io/image-swapper-policy/policies/image-swapper:v0.5.0\n\
+        `make push REGISTRY=registry://HOST/PATH:v1.2.3` and cosign verify \
+        ghcr.io/o/image-swapper-check:v0.1.0. Not: ghcr.io/kubewarden/policy-server:v1.38.2, \
+        quay.io/argoproj/argocd:v2.13.0, image-swapper:vX.Y.Z";
+    let versions: Vec<String> = module_references(text)
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(versions, ["0.5.0", "1.2.3", "0.1.0"]);
+}
+
+/// The docs pin the release that has what they describe: every module reference in README.md,
+/// docs/ and deploy/ names the crate's version, and the changelog has that version's section.
+#[test]
+fn every_module_reference_names_the_crates_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut references = 0;
+    let mut wrong = Vec::new();
+    for file in pinned_files() {
+        for (reference, pinned) in module_references(&read(&file)) {
+            references += 1;
+            if pinned != version {
+                wrong.push(format!("{}: {reference}", file.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "these pin another version than the crate's {version}:\n{}",
+        wrong.join("\n")
+    );
+    assert!(references >= 8, "only {references} module references found");
+    let changelog = read(&rig::root().join("CHANGELOG.md"));
+    assert!(
+        changelog.lines().any(|line| {
+            let heading = line.trim_start_matches("## ").replace(['[', ']'], "");
+            line.starts_with("## ") && heading.starts_with(&format!("{version} - "))
+        }),
+        "CHANGELOG.md has no section for {version} (## [{version}] - DATE)"
+    );
+}
+
