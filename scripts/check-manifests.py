@@ -3,10 +3,12 @@
 server's own OpenAPI schemas for that version, strictly (an unknown or misspelt field is an
 error), with kubernetes-validate (PyPI). A manifest is a fenced ```yaml block whose documents
 have apiVersion and kind. Kubewarden's own kinds (PolicyServer, ClusterAdmissionPolicy,
-AdmissionPolicy, ...) are checked against the `openAPIV3Schema` of their CRDs
-(scripts/kubewarden-crds/, kubewarden-controller v1.35.0) with jsonschema, as strictly: required
-fields, enums and types, and no field the schema does not name (unless it preserves unknown
-fields, as `spec.settings` does). An object given again under the same kind and name must be
+AdmissionPolicy, ...) are checked against the `openAPIV3Schema` of their CRDs with jsonschema, as
+strictly: required fields, enums and types, and no field the schema does not name (unless it
+preserves unknown fields, as `spec.settings` does). They are checked against the CRDs of every
+release the docs cover, and each release must accept each manifest: Kubewarden 1.38
+(scripts/kubewarden-crds-1.38/, the admission-controller chart's, which the docs install) and
+1.35 (scripts/kubewarden-crds/, kubewarden-controller v1.35.0). An object given again under the same kind and name must be
 given whole (every spec field of its first appearance): `kubectl apply` of a partial copy would
 drop the rest. No manifest at all is an error too: the check would prove nothing.
 
@@ -23,7 +25,11 @@ import kubernetes_validate
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CRDS = ROOT / "scripts" / "kubewarden-crds"
+# Every Kubewarden release whose CRDs must accept the docs' manifests: name -> folder.
+RELEASES = {
+    "1.38": ROOT / "scripts" / "kubewarden-crds-1.38",
+    "1.35": ROOT / "scripts" / "kubewarden-crds",
+}
 
 
 def strict(schema):
@@ -40,10 +46,13 @@ def strict(schema):
     return schema
 
 
-def crd_schemas():
-    """(apiVersion, kind) -> the strict schema of that served version."""
+def crd_schemas(folder):
+    """(apiVersion, kind) -> the strict schema of that served version, from the CRDs in folder."""
     schemas = {}
-    for path in sorted(CRDS.glob("*.yaml")):
+    paths = sorted(folder.glob("*.yaml"))
+    if not paths:
+        sys.exit(f"check-manifests: no CRDs in {folder}")
+    for path in paths:
         for crd in yaml.safe_load_all(path.read_text()):
             if not crd:
                 continue
@@ -57,7 +66,7 @@ def crd_schemas():
     return schemas
 
 
-KUBEWARDEN = crd_schemas()
+KUBEWARDEN = {release: crd_schemas(folder) for release, folder in RELEASES.items()}
 
 
 def manifests(path):
@@ -75,12 +84,19 @@ def manifests(path):
 
 
 def check_kubewarden(document):
-    schema = KUBEWARDEN.get((document["apiVersion"], document["kind"]))
-    if schema is None:
-        return [f"apiVersion {document['apiVersion']!r} serves no {document['kind']}"]
-    validator = jsonschema.Draft7Validator(schema)
-    return [f"{'.'.join(map(str, error.path)) or '(top)'}: {error.message}"
-            for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path))]
+    """The errors of document under each release's CRDs, each named with its release."""
+    errors = []
+    for release, schemas in KUBEWARDEN.items():
+        schema = schemas.get((document["apiVersion"], document["kind"]))
+        if schema is None:
+            errors.append(f"Kubewarden {release}: apiVersion {document['apiVersion']!r} serves "
+                          f"no {document['kind']}")
+            continue
+        validator = jsonschema.Draft7Validator(schema)
+        errors += [f"Kubewarden {release}: {'.'.join(map(str, error.path)) or '(top)'}: "
+                   f"{error.message}"
+                   for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path))]
+    return errors
 
 
 def main():
@@ -125,7 +141,8 @@ def main():
     kubewarden = sum(1 for path in files for _, d, _ in manifests(path)
                      if d is not None and d["apiVersion"].startswith("policies.kubewarden.io/"))
     print(f"check-manifests: {checked} manifests checked ({kubewarden} of Kubewarden's kinds, "
-          f"against its CRDs) against Kubernetes {args.kubernetes_version}, {failed} errors")
+          f"against the CRDs of Kubewarden {' and '.join(RELEASES)}) against Kubernetes "
+          f"{args.kubernetes_version}, {failed} errors")
     if checked == 0:
         print("check-manifests: no manifest found: nothing was checked", file=sys.stderr)
         return 1
