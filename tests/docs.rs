@@ -363,3 +363,178 @@ fn every_module_reference_names_the_crates_version() {
     );
 }
 
+/// Every fenced YAML block of the README and docs/: where it is, its text, its documents.
+fn yaml_blocks() -> Vec<(String, String, Vec<serde_json::Value>)> {
+    let mut blocks = Vec::new();
+    for page in pages() {
+        let text = read(&page);
+        let name = page
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("?")
+            .to_string();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```yaml\n") {
+            let at = text.len() - rest.len() + start;
+            let line = text[..at].lines().count() + 1;
+            let body = &rest[start + "```yaml\n".len()..];
+            let end = body.find("```").unwrap_or(body.len());
+            let documents = serde_yaml::Deserializer::from_str(&body[..end])
+                .map(|document| {
+                    serde::Deserialize::deserialize(document)
+                        .unwrap_or_else(|e| panic!("{name}:{line}: the YAML does not parse: {e}"))
+                })
+                .collect();
+            blocks.push((format!("{name}:{line}"), body[..end].to_string(), documents));
+            rest = &body[end..];
+            rest = rest.get(3..).unwrap_or_default();
+        }
+    }
+    blocks
+}
+
+/// One lookup as the docs size the swapping policy (and the check in `protect`) for: 0.68 s, the
+/// slowest measured on policy-server 1.35 with the mirror 100 ms away.
+const ONE_LOOKUP_MS: u64 = 680;
+/// The check under the audit scanner is sized for a mirror up to 50 ms away: 0.40 s on 1.35.
+const CHECK_LOOKUP_MS: u64 = 400;
+/// The audit scanner's HTTP timeout, which bounds the check's scans instead of `timeoutSeconds`.
+const SCANNER_TIMEOUT_S: u64 = 10;
+
+/// The time rule of operations.md ("Three time limits"), for one deployment: budget + workers x
+/// one lookup + 1 s <= timeoutEvalSeconds < the outer limit. None when it holds, else why not.
+fn time_rule(
+    budget_ms: u64,
+    workers: u64,
+    lookup_ms: u64,
+    eval_s: u64,
+    outer_s: u64,
+) -> Option<String> {
+    let needed = budget_ms + workers * lookup_ms + 1000;
+    if needed > eval_s * 1000 {
+        Some(format!(
+            "{budget_ms} ms budget + {workers} workers x {lookup_ms} ms + 1 s = {needed} ms > \
+             timeoutEvalSeconds {eval_s} s"
+        ))
+    } else if eval_s >= outer_s {
+        Some(format!(
+            "timeoutEvalSeconds {eval_s} s is not under {outer_s} s"
+        ))
+    } else {
+        None
+    }
+}
+
+#[test]
+fn the_time_rule_refuses_what_it_should() {
+    assert_eq!(time_rule(800, 2, ONE_LOOKUP_MS, 4, 5), None);
+    assert_eq!(
+        time_rule(4000, 2, CHECK_LOOKUP_MS, 6, SCANNER_TIMEOUT_S),
+        None
+    );
+    // The settings.md example as it was: a 2,500 ms budget under timeoutEvalSeconds: 4.
+    assert!(time_rule(2500, 2, ONE_LOOKUP_MS, 4, 5).is_some());
+    assert!(time_rule(800, 2, ONE_LOOKUP_MS, 5, 5).is_some());
+}
+
+/// Every deployment the pages give keeps the time rule: each ClusterAdmissionPolicy or
+/// AdmissionPolicy with its PolicyServer's `KUBEWARDEN_WORKERS` (which must be set: unset, it is
+/// the node's CPU count, which no sizing can know), and each bare settings block whose budget is
+/// not the default, with the limits its comment names (and the docs' 2 workers).
+#[test]
+fn every_example_keeps_the_time_rule() {
+    let blocks = yaml_blocks();
+    let mut workers = std::collections::BTreeMap::new();
+    for (place, _, documents) in &blocks {
+        for document in documents.iter().filter(|d| d["kind"] == "PolicyServer") {
+            let name = document["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let set = document["spec"]["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == "KUBEWARDEN_WORKERS")
+                .and_then(|e| e["value"].as_str())
+                .map(|v| {
+                    v.parse::<u64>()
+                        .unwrap_or_else(|e| panic!("{place}: {v:?}: {e}"))
+                });
+            let Some(set) = set else {
+                panic!(
+                    "{place}: PolicyServer {name} sets no KUBEWARDEN_WORKERS: policy-server then \
+                     runs one worker per CPU, and the time rule cannot be checked"
+                );
+            };
+            let most = workers.entry(name).or_insert(set);
+            *most = (*most).max(set);
+        }
+    }
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for (place, text, documents) in &blocks {
+        for document in documents {
+            let kind = document["kind"].as_str().unwrap_or_default();
+            let (settings, eval_s, outer_s, workers) = if kind == "ClusterAdmissionPolicy"
+                || kind == "AdmissionPolicy"
+            {
+                let spec = &document["spec"];
+                let server = spec["policyServer"].as_str().unwrap_or("default");
+                let Some(&n) = workers.get(server) else {
+                    panic!("{place}: {kind} names PolicyServer {server:?}, which no page gives");
+                };
+                (
+                    spec["settings"].clone(),
+                    spec["timeoutEvalSeconds"].as_u64().unwrap_or(2),
+                    spec["timeoutSeconds"].as_u64().unwrap_or(10),
+                    n,
+                )
+            } else if document.get("mirrors").is_some_and(|m| m.is_array())
+                || document.get("defaultMirror").is_some()
+            {
+                if document["lookupBudgetMilliseconds"].as_u64().unwrap_or(800) == 800 {
+                    continue; // the default budget, under the documented deployment
+                }
+                let named = |key: &str| {
+                    text.split_once(&format!("{key}: "))
+                        .and_then(|(_, after)| {
+                            after
+                                .split(|c: char| !c.is_ascii_digit())
+                                .next()?
+                                .parse()
+                                .ok()
+                        })
+                        .unwrap_or_else(|| {
+                            panic!("{place}: a budget of its own needs its `{key}: N` beside it")
+                        })
+                };
+                (
+                    document.clone(),
+                    named("timeoutEvalSeconds"),
+                    named("timeoutSeconds"),
+                    2,
+                )
+            } else {
+                continue;
+            };
+            let budget = settings["lookupBudgetMilliseconds"].as_u64().unwrap_or(800);
+            let scanned = settings["action"] == "check" && settings["checkAdmissions"] != true;
+            let (lookup, outer) = if scanned {
+                (CHECK_LOOKUP_MS, SCANNER_TIMEOUT_S)
+            } else {
+                (ONE_LOOKUP_MS, outer_s)
+            };
+            checked += 1;
+            if let Some(why) = time_rule(budget, workers, lookup, eval_s, outer) {
+                broken.push(format!("{place}: {why}"));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "the time rule is broken:\n{}",
+        broken.join("\n")
+    );
+    assert!(checked >= 6, "only {checked} deployments checked");
+}
