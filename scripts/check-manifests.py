@@ -12,6 +12,10 @@ release the docs cover, and each release must accept each manifest: Kubewarden 1
 given whole (every spec field of its first appearance): `kubectl apply` of a partial copy would
 drop the rest. No manifest at all is an error too: the check would prove nothing.
 
+A FILE ending in .yaml or .yml (or `-`, standard input) is rendered YAML, such as `kubectl
+kustomize deploy/<platform>` prints: every document in it is a manifest, checked the same way,
+and a document without apiVersion and kind is an error.
+
 Usage: scripts/check-manifests.py [--kubernetes-version 1.31.0] [FILE...]
 """
 
@@ -69,7 +73,29 @@ def crd_schemas(folder):
 KUBEWARDEN = {release: crd_schemas(folder) for release, folder in RELEASES.items()}
 
 
+def rendered(path):
+    """The documents of a YAML stream: every one must be a manifest."""
+    name = "stdin" if str(path) == "-" else path.name
+    text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as error:
+        yield name, None, f"not YAML: {error}"
+        return
+    for number, document in enumerate(documents, 1):
+        if document is None:
+            continue
+        if isinstance(document, dict) and "apiVersion" in document and "kind" in document:
+            name_ = document.get("metadata", {}).get("name", "?")
+            yield f"{name} document {number} {document['kind']} {name_}", document, None
+        else:
+            yield f"{name} document {number}", None, "not a manifest (no apiVersion and kind)"
+
+
 def manifests(path):
+    if str(path) == "-" or path.suffix in (".yaml", ".yml"):
+        yield from rendered(path)
+        return
     text = path.read_text()
     for number, block in enumerate(re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M), 1):
         try:
@@ -107,8 +133,9 @@ def main():
     files = args.files or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     checked = failed = 0
     given = {}  # (kind, namespace, name) -> (where, the spec's fields) as first given
+    found = {path: list(manifests(path)) for path in files}
     for path in files:
-        for where, document, problem in manifests(path):
+        for where, document, problem in found[path]:
             errors = [problem] if problem else []
             if document is not None and isinstance(document.get("spec"), dict):
                 metadata = document.get("metadata", {})
@@ -138,7 +165,7 @@ def main():
             for error in errors:
                 failed += 1
                 print(f"{where}: {error}")
-    kubewarden = sum(1 for path in files for _, d, _ in manifests(path)
+    kubewarden = sum(1 for path in files for _, d, _ in found[path]
                      if d is not None and d["apiVersion"].startswith("policies.kubewarden.io/"))
     print(f"check-manifests: {checked} manifests checked ({kubewarden} of Kubewarden's kinds, "
           f"against the CRDs of Kubewarden {' and '.join(RELEASES)}) against Kubernetes "

@@ -538,3 +538,92 @@ fn every_example_keeps_the_time_rule() {
     );
     assert!(checked >= 6, "only {checked} deployments checked");
 }
+
+/// What `kubectl kustomize deploy/<platform>` renders, for every platform folder beside base/.
+fn rendered_overlays() -> Vec<(String, Vec<serde_json::Value>)> {
+    let deploy = rig::root().join("deploy");
+    let mut overlays: Vec<PathBuf> = std::fs::read_dir(&deploy)
+        .expect("deploy/")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.join("kustomization.yaml").exists() && !path.ends_with("base"))
+        .collect();
+    overlays.sort();
+    overlays
+        .into_iter()
+        .map(|overlay| {
+            let output = Command::new("kubectl")
+                .arg("kustomize")
+                .arg(&overlay)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("kubectl: {e} (install it: apt-get install kubectl, as .ci/run does)")
+                });
+            assert!(output.status.success(), "{}: {output:?}", overlay.display());
+            let documents = serde_yaml::Deserializer::from_slice(&output.stdout)
+                .map(|document| serde::Deserialize::deserialize(document).expect("rendered YAML"))
+                .collect();
+            (
+                format!("deploy/{}", overlay.file_name().unwrap().to_string_lossy()),
+                documents,
+            )
+        })
+        .collect()
+}
+
+/// Every overlay renders policies whose settings the built module accepts, on PolicyServers
+/// that set their workers, within the time rule, pinned to the crate's version.
+#[test]
+fn every_deploy_overlay_renders_a_valid_deployment() {
+    let overlays = rendered_overlays();
+    assert!(overlays.len() >= 3, "{} overlays", overlays.len());
+    for (place, documents) in overlays {
+        let workers = |server: &str| -> u64 {
+            documents
+                .iter()
+                .find(|d| d["kind"] == "PolicyServer" && d["metadata"]["name"] == server)
+                .and_then(|d| d["spec"]["env"].as_array())
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == "KUBEWARDEN_WORKERS")
+                .and_then(|e| e["value"].as_str()?.parse().ok())
+                .unwrap_or_else(|| {
+                    panic!("{place}: PolicyServer {server} sets no KUBEWARDEN_WORKERS")
+                })
+        };
+        let policies: Vec<&serde_json::Value> = documents
+            .iter()
+            .filter(|d| d["kind"] == "ClusterAdmissionPolicy")
+            .collect();
+        assert_eq!(
+            policies.len(),
+            2,
+            "{place}: the swapping and the check policy"
+        );
+        for policy in policies {
+            let name = policy["metadata"]["name"].as_str().unwrap_or_default();
+            let spec = &policy["spec"];
+            let settings = &spec["settings"];
+            let (valid, message) = rig::validate_settings(settings);
+            assert!(valid, "{place}: {name}: {message:?}\n{settings:#}");
+            let module = spec["module"].as_str().unwrap_or_default();
+            assert!(
+                module.ends_with(&format!(":v{}", env!("CARGO_PKG_VERSION"))),
+                "{place}: {name}: {module}"
+            );
+            let scanned = settings["action"] == "check" && settings["checkAdmissions"] != true;
+            let (lookup, outer) = if scanned {
+                (CHECK_LOOKUP_MS, SCANNER_TIMEOUT_S)
+            } else {
+                (ONE_LOOKUP_MS, spec["timeoutSeconds"].as_u64().unwrap_or(10))
+            };
+            let why = time_rule(
+                settings["lookupBudgetMilliseconds"].as_u64().unwrap_or(800),
+                workers(spec["policyServer"].as_str().unwrap_or("default")),
+                lookup,
+                spec["timeoutEvalSeconds"].as_u64().unwrap_or(2),
+                outer,
+            );
+            assert_eq!(why, None, "{place}: {name}: the time rule");
+        }
+    }
+}
