@@ -16,12 +16,18 @@ A FILE ending in .yaml or .yml (or `-`, standard input) is rendered YAML, such a
 kustomize deploy/<platform>` prints: every document in it is a manifest, checked the same way,
 and a document without apiVersion and kind is an error.
 
+Without FILE arguments it checks the user pages, and also that every manifest a page's section
+shows of an installation in deploy/ (SECTIONS below) is what `kubectl kustomize deploy/<platform>`
+renders for that object, so that the pages never teach a second, drifting copy.
+
 Usage: scripts/check-manifests.py [--kubernetes-version 1.31.0] [FILE...]
 """
 
 import argparse
+import difflib
 import pathlib
 import re
+import subprocess
 import sys
 
 import jsonschema
@@ -109,6 +115,62 @@ def manifests(path):
                 yield f"{path.name} block {number} {document['kind']} {name}", document, None
 
 
+# (page, the heading of its section, the deploy/ overlay whose objects the section shows).
+SECTIONS = [
+    ("install.md", "## EKS with ECR", "eks-ecr"),
+    ("install.md", "## GKE with an Artifact Registry remote repository", "gke-artifact-registry"),
+    ("operations.md", "### A CronJob that renews the Secret (ECR)", "eks-ecr"),
+    ("operations.md", "### The fill job", "registry"),
+    ("operations.md", "### The fill job on ECR", "eks-ecr"),
+    ("operations.md", "## Monitoring", "registry"),
+]
+
+
+def section(text, heading):
+    """The text under heading, up to the next heading of its level or above."""
+    level = heading.split()[0]
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == heading)
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i].startswith("#") and len(lines[i].split()[0]) <= len(level)
+                and set(lines[i].split()[0]) == {"#"}), len(lines))
+    return "".join(lines[start + 1:end])
+
+
+def render(overlay):
+    output = subprocess.run(["kubectl", "kustomize", str(ROOT / "deploy" / overlay)],
+                            capture_output=True, text=True, check=True).stdout
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(output) if d}
+
+
+def check_sections():
+    """Errors where a page shows an object of deploy/ otherwise than the overlay renders it."""
+    errors, compared, renders = [], 0, {}
+    for page, heading, overlay in SECTIONS:
+        text = section((ROOT / "docs" / page).read_text(), heading)
+        rendered = renders.setdefault(overlay, render(overlay))
+        shown = 0
+        for block in re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M):
+            for document in yaml.safe_load_all(block):
+                if not (isinstance(document, dict) and "kind" in document):
+                    continue
+                key = (document["kind"], document.get("metadata", {}).get("name"))
+                if key not in rendered:
+                    continue
+                shown += 1
+                if document != rendered[key]:
+                    errors.append(f"{page} \"{heading}\": {key[0]} {key[1]} is not what "
+                                  f"kubectl kustomize deploy/{overlay} renders:\n"
+                                  + "".join(difflib.unified_diff(
+                                      yaml.safe_dump(rendered[key]).splitlines(keepends=True),
+                                      yaml.safe_dump(document).splitlines(keepends=True),
+                                      f"deploy/{overlay}", page)))
+        if shown == 0:
+            errors.append(f"{page} \"{heading}\": shows no object of deploy/{overlay}")
+        compared += shown
+    return errors, compared
+
+
 def check_kubewarden(document):
     """The errors of document under each release's CRDs, each named with its release."""
     errors = []
@@ -167,6 +229,13 @@ def main():
                 print(f"{where}: {error}")
     kubewarden = sum(1 for path in files for _, d, _ in found[path]
                      if d is not None and d["apiVersion"].startswith("policies.kubewarden.io/"))
+    if not args.files:
+        section_errors, compared = check_sections()
+        for error in section_errors:
+            failed += 1
+            print(error)
+        print(f"check-manifests: {compared} manifests of the pages compared with what deploy/ "
+              f"renders, {len(section_errors)} differ")
     print(f"check-manifests: {checked} manifests checked ({kubewarden} of Kubewarden's kinds, "
           f"against the CRDs of Kubewarden {' and '.join(RELEASES)}) against Kubernetes "
           f"{args.kubernetes_version}, {failed} errors")
