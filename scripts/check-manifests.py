@@ -3,19 +3,31 @@
 server's own OpenAPI schemas for that version, strictly (an unknown or misspelt field is an
 error), with kubernetes-validate (PyPI). A manifest is a fenced ```yaml block whose documents
 have apiVersion and kind. Kubewarden's own kinds (PolicyServer, ClusterAdmissionPolicy,
-AdmissionPolicy, ...) are checked against the `openAPIV3Schema` of their CRDs
-(scripts/kubewarden-crds/, kubewarden-controller v1.35.0) with jsonschema, as strictly: required
-fields, enums and types, and no field the schema does not name (unless it preserves unknown
-fields, as `spec.settings` does). An object given again under the same kind and name must be
+AdmissionPolicy, ...) are checked against the `openAPIV3Schema` of their CRDs with jsonschema, as
+strictly: required fields, enums and types, and no field the schema does not name (unless it
+preserves unknown fields, as `spec.settings` does). They are checked against the CRDs of every
+release the docs cover, and each release must accept each manifest: Kubewarden 1.38
+(scripts/kubewarden-crds-1.38/, the admission-controller chart's, which the docs install) and
+1.35 (scripts/kubewarden-crds/, kubewarden-controller v1.35.0). An object given again under the same kind and name must be
 given whole (every spec field of its first appearance): `kubectl apply` of a partial copy would
 drop the rest. No manifest at all is an error too: the check would prove nothing.
+
+A FILE ending in .yaml or .yml (or `-`, standard input) is rendered YAML, such as `kubectl
+kustomize deploy/<platform>` prints: every document in it is a manifest, checked the same way,
+and a document without apiVersion and kind is an error.
+
+Without FILE arguments it checks the user pages, and also that every manifest a page's section
+shows of an installation in deploy/ (SECTIONS below) is what `kubectl kustomize deploy/<platform>`
+renders for that object, so that the pages never teach a second, drifting copy.
 
 Usage: scripts/check-manifests.py [--kubernetes-version 1.31.0] [FILE...]
 """
 
 import argparse
+import difflib
 import pathlib
 import re
+import subprocess
 import sys
 
 import jsonschema
@@ -23,7 +35,11 @@ import kubernetes_validate
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CRDS = ROOT / "scripts" / "kubewarden-crds"
+# Every Kubewarden release whose CRDs must accept the docs' manifests: name -> folder.
+RELEASES = {
+    "1.38": ROOT / "scripts" / "kubewarden-crds-1.38",
+    "1.35": ROOT / "scripts" / "kubewarden-crds",
+}
 
 
 def strict(schema):
@@ -40,10 +56,13 @@ def strict(schema):
     return schema
 
 
-def crd_schemas():
-    """(apiVersion, kind) -> the strict schema of that served version."""
+def crd_schemas(folder):
+    """(apiVersion, kind) -> the strict schema of that served version, from the CRDs in folder."""
     schemas = {}
-    for path in sorted(CRDS.glob("*.yaml")):
+    paths = sorted(folder.glob("*.yaml"))
+    if not paths:
+        sys.exit(f"check-manifests: no CRDs in {folder}")
+    for path in paths:
         for crd in yaml.safe_load_all(path.read_text()):
             if not crd:
                 continue
@@ -57,10 +76,32 @@ def crd_schemas():
     return schemas
 
 
-KUBEWARDEN = crd_schemas()
+KUBEWARDEN = {release: crd_schemas(folder) for release, folder in RELEASES.items()}
+
+
+def rendered(path):
+    """The documents of a YAML stream: every one must be a manifest."""
+    name = "stdin" if str(path) == "-" else path.name
+    text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as error:
+        yield name, None, f"not YAML: {error}"
+        return
+    for number, document in enumerate(documents, 1):
+        if document is None:
+            continue
+        if isinstance(document, dict) and "apiVersion" in document and "kind" in document:
+            name_ = document.get("metadata", {}).get("name", "?")
+            yield f"{name} document {number} {document['kind']} {name_}", document, None
+        else:
+            yield f"{name} document {number}", None, "not a manifest (no apiVersion and kind)"
 
 
 def manifests(path):
+    if str(path) == "-" or path.suffix in (".yaml", ".yml"):
+        yield from rendered(path)
+        return
     text = path.read_text()
     for number, block in enumerate(re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M), 1):
         try:
@@ -74,13 +115,76 @@ def manifests(path):
                 yield f"{path.name} block {number} {document['kind']} {name}", document, None
 
 
+# (page, the heading of its section, the deploy/ overlay whose objects the section shows).
+SECTIONS = [
+    ("install.md", "## EKS with ECR", "eks-ecr"),
+    ("install.md", "## GKE with an Artifact Registry remote repository", "gke-artifact-registry"),
+    ("operations.md", "### A CronJob that renews the Secret (ECR)", "eks-ecr"),
+    ("operations.md", "### The fill job", "registry"),
+    ("operations.md", "### The fill job on ECR", "eks-ecr"),
+    ("operations.md", "## Monitoring", "registry"),
+]
+
+
+def section(text, heading):
+    """The text under heading, up to the next heading of its level or above."""
+    level = heading.split()[0]
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == heading)
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i].startswith("#") and len(lines[i].split()[0]) <= len(level)
+                and set(lines[i].split()[0]) == {"#"}), len(lines))
+    return "".join(lines[start + 1:end])
+
+
+def render(overlay):
+    output = subprocess.run(["kubectl", "kustomize", str(ROOT / "deploy" / overlay)],
+                            capture_output=True, text=True, check=True).stdout
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(output) if d}
+
+
+def check_sections():
+    """Errors where a page shows an object of deploy/ otherwise than the overlay renders it."""
+    errors, compared, renders = [], 0, {}
+    for page, heading, overlay in SECTIONS:
+        text = section((ROOT / "docs" / page).read_text(), heading)
+        rendered = renders.setdefault(overlay, render(overlay))
+        shown = 0
+        for block in re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M):
+            for document in yaml.safe_load_all(block):
+                if not (isinstance(document, dict) and "kind" in document):
+                    continue
+                key = (document["kind"], document.get("metadata", {}).get("name"))
+                if key not in rendered:
+                    continue
+                shown += 1
+                if document != rendered[key]:
+                    errors.append(f"{page} \"{heading}\": {key[0]} {key[1]} is not what "
+                                  f"kubectl kustomize deploy/{overlay} renders:\n"
+                                  + "".join(difflib.unified_diff(
+                                      yaml.safe_dump(rendered[key]).splitlines(keepends=True),
+                                      yaml.safe_dump(document).splitlines(keepends=True),
+                                      f"deploy/{overlay}", page)))
+        if shown == 0:
+            errors.append(f"{page} \"{heading}\": shows no object of deploy/{overlay}")
+        compared += shown
+    return errors, compared
+
+
 def check_kubewarden(document):
-    schema = KUBEWARDEN.get((document["apiVersion"], document["kind"]))
-    if schema is None:
-        return [f"apiVersion {document['apiVersion']!r} serves no {document['kind']}"]
-    validator = jsonschema.Draft7Validator(schema)
-    return [f"{'.'.join(map(str, error.path)) or '(top)'}: {error.message}"
-            for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path))]
+    """The errors of document under each release's CRDs, each named with its release."""
+    errors = []
+    for release, schemas in KUBEWARDEN.items():
+        schema = schemas.get((document["apiVersion"], document["kind"]))
+        if schema is None:
+            errors.append(f"Kubewarden {release}: apiVersion {document['apiVersion']!r} serves "
+                          f"no {document['kind']}")
+            continue
+        validator = jsonschema.Draft7Validator(schema)
+        errors += [f"Kubewarden {release}: {'.'.join(map(str, error.path)) or '(top)'}: "
+                   f"{error.message}"
+                   for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path))]
+    return errors
 
 
 def main():
@@ -91,8 +195,9 @@ def main():
     files = args.files or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     checked = failed = 0
     given = {}  # (kind, namespace, name) -> (where, the spec's fields) as first given
+    found = {path: list(manifests(path)) for path in files}
     for path in files:
-        for where, document, problem in manifests(path):
+        for where, document, problem in found[path]:
             errors = [problem] if problem else []
             if document is not None and isinstance(document.get("spec"), dict):
                 metadata = document.get("metadata", {})
@@ -122,10 +227,18 @@ def main():
             for error in errors:
                 failed += 1
                 print(f"{where}: {error}")
-    kubewarden = sum(1 for path in files for _, d, _ in manifests(path)
+    kubewarden = sum(1 for path in files for _, d, _ in found[path]
                      if d is not None and d["apiVersion"].startswith("policies.kubewarden.io/"))
+    if not args.files:
+        section_errors, compared = check_sections()
+        for error in section_errors:
+            failed += 1
+            print(error)
+        print(f"check-manifests: {compared} manifests of the pages compared with what deploy/ "
+              f"renders, {len(section_errors)} differ")
     print(f"check-manifests: {checked} manifests checked ({kubewarden} of Kubewarden's kinds, "
-          f"against its CRDs) against Kubernetes {args.kubernetes_version}, {failed} errors")
+          f"against the CRDs of Kubewarden {' and '.join(RELEASES)}) against Kubernetes "
+          f"{args.kubernetes_version}, {failed} errors")
     if checked == 0:
         print("check-manifests: no manifest found: nothing was checked", file=sys.stderr)
         return 1
