@@ -119,6 +119,12 @@ fn write(dir: &Path, name: &str, value: &Value) -> PathBuf {
 
 /// Runs the shipped script: its exit status and what it printed.
 fn fill(reports: &[&Path], extra: &[&str]) -> (bool, String) {
+    let (code, text) = fill_code(reports, extra);
+    (code == Some(0), text)
+}
+
+/// The same, with the exit code itself.
+fn fill_code(reports: &[&Path], extra: &[&str]) -> (Option<i32>, String) {
     let mut command = Command::new(rig::root().join("scripts/fill-mirror.sh"));
     command.arg("--insecure").args(extra);
     for path in reports {
@@ -130,7 +136,16 @@ fn fill(reports: &[&Path], extra: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    (output.status.success(), text)
+    (output.status.code(), text)
+}
+
+/// `--settings FILE` with `settings` written in `dir`: the routing every copy is checked against.
+fn with_settings(dir: &Path, settings: &Value) -> [String; 2] {
+    let path = write(dir, "settings.json", settings);
+    [
+        "--settings".to_string(),
+        path.to_string_lossy().into_owned(),
+    ]
 }
 
 /// The whole loop. Pod A was swapped to `app:1.0@OLD`; then a sync moved the mirror's `app:1.0`
@@ -244,6 +259,9 @@ fn the_fill_job_copies_what_the_reports_name_and_moves_no_tag() {
         policyreports.as_path(),
         single.as_path(),
     ];
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let routed = [flag.as_str(), settings.as_str()];
+    let fill = |reports: &[&Path], extra: &[&str]| fill(reports, &[&routed[..], extra].concat());
 
     let (ok, listed) = fill(&reports, &["--list"]);
     assert!(ok, "{listed}");
@@ -263,14 +281,14 @@ fn the_fill_job_copies_what_the_reports_name_and_moves_no_tag() {
     assert_eq!(mirror.digest_of("hub/app", &own_tag), None);
 
     let (ok, text) = fill(&reports, &[]);
-    assert!(!ok, "a failed copy fails the job: {text}");
+    assert!(ok, "a source gone for good does not fail the job: {text}");
     assert!(
-        text.ends_with("fill-mirror: 2 copied, 1 failed, 0 skipped\n"),
+        text.ends_with("fill-mirror: 2 copied, 0 failed, 0 skipped, 1 gone, 0 refused\n"),
         "{text}"
     );
     assert!(
         text.contains(&format!(
-            "failed docker://{}",
+            "gone docker://{}: its registry has no such image",
             cluster.source_image("gone:1")
         )),
         "{text}"
@@ -296,9 +314,9 @@ fn the_fill_job_copies_what_the_reports_name_and_moves_no_tag() {
     assert_eq!(passed, [true, true, true, true, false], "{second:#?}");
 
     // The same reports again: what exists now is skipped, never copied over.
-    let (_, again) = fill(&reports, &[]);
+    let (ok, again) = fill(&reports, &[]);
     assert!(
-        again.ends_with("fill-mirror: 0 copied, 1 failed, 2 skipped\n"),
+        ok && again.ends_with("fill-mirror: 0 copied, 0 failed, 2 skipped, 1 gone, 0 refused\n"),
         "{again}"
     );
 }
@@ -316,13 +334,14 @@ fn a_list_of_copies_is_copied_by_itself() {
         "r.json",
         &list(vec![report("Report", 1, vec![result(POLICY, &finding)])]),
     );
-    let (ok, listed) = fill(&[&reports], &["--list"]);
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let (ok, listed) = fill(&[&reports], &["--list", &flag, &settings]);
     assert!(ok, "{listed}");
     let copies = dir.join("copies.txt");
     std::fs::write(&copies, &listed).expect("copies");
     let (ok, text) = fill(&[], &["--copies", copies.to_str().expect("path")]);
     assert!(
-        ok && text.ends_with("fill-mirror: 1 copied, 0 failed, 0 skipped\n"),
+        ok && text.ends_with("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused\n"),
         "{text}"
     );
     assert!(cluster.mirror.digest_of("hub/web", "2").is_some());
@@ -385,7 +404,8 @@ fn a_finding_beside_an_unchecked_image_is_a_fail_whose_copy_the_fill_job_makes()
         "reports.json",
         &list(vec![report("Report", 7, vec![result(POLICY, &response)])]),
     );
-    let (ok, printed) = fill(&[&reports], &["--list"]);
+    let [flag, settings] = with_settings(&dir, &settings);
+    let (ok, printed) = fill(&[&reports], &["--list", &flag, &settings]);
     assert!(ok, "{printed}");
     assert_eq!(
         printed.trim(),
@@ -468,7 +488,7 @@ fn the_fill_job_copies_what_the_pods_records_name_once_and_refuses_a_record_not_
     let job = job.elapsed();
     assert!(ok, "{printed}");
     assert!(
-        printed.contains("fill-mirror: 2 copied, 0 failed, 0 skipped"),
+        printed.contains("fill-mirror: 2 copied, 0 failed, 0 skipped, 0 gone, 1 refused\n"),
         "{printed}"
     );
     assert!(
@@ -672,21 +692,7 @@ fn the_ecr_cronjobs_three_steps_fill_a_new_repository() {
     assert!(listed.status.success(), "{listed:?}");
     std::fs::write(&copies, &listed.stdout).expect("copies");
 
-    // The AWS CLI's container: bash, coreutils and aws, no skopeo.
-    let tools = dir.join("aws-cli-image");
-    std::fs::create_dir_all(&tools).expect("dir");
-    for tool in ["bash", "aws", "sort", "base64", "grep", "tail", "env"] {
-        // pyenv's shims are scripts that need pyenv: link the program itself.
-        let found = Command::new("bash")
-            .args([
-                "-c",
-                &format!("pyenv which {tool} 2>/dev/null || command -v {tool}"),
-            ])
-            .output()
-            .expect("command -v");
-        let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
-        let _ = std::os::unix::fs::symlink(&path, tools.join(tool));
-    }
+    let tools = aws_cli_image(&dir);
     let auth_file = dir.join("auth.json");
     let mut prepare = Command::new(tools.join("bash"));
     prepare
@@ -726,6 +732,25 @@ fn the_ecr_cronjobs_three_steps_fill_a_new_repository() {
         storage.digest_of("cache/team/api", "3").as_deref(),
         Some(digest.as_str())
     );
+}
+
+/// The AWS CLI's container, as a PATH: bash, coreutils and aws; no skopeo, no jq.
+fn aws_cli_image(dir: &Path) -> PathBuf {
+    let tools = dir.join("aws-cli-image");
+    std::fs::create_dir_all(&tools).expect("dir");
+    for tool in ["bash", "aws", "sort", "base64", "grep", "tail", "env"] {
+        // pyenv's shims are scripts that need pyenv: link the program itself.
+        let found = Command::new("bash")
+            .args([
+                "-c",
+                &format!("pyenv which {tool} 2>/dev/null || command -v {tool}"),
+            ])
+            .output()
+            .expect("command -v");
+        let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
+        let _ = std::os::unix::fs::symlink(&path, tools.join(tool));
+    }
+    tools
 }
 
 /// A Pod kept at its signed source image because the mirror's copy lacks the signature: the
@@ -807,7 +832,10 @@ fn the_check_role_reports_a_missing_signature_and_one_fill_run_brings_it() {
         "reports.json",
         &list(vec![report("Report", 3, vec![result(POLICY, &response)])]),
     );
-    let (ok, printed) = fill(&[&reports], &[]);
+    let (ok, printed) = fill(
+        &[&reports],
+        &["--settings", &settings_file.to_string_lossy()],
+    );
     assert!(ok, "{printed}");
     assert!(
         mirror.digest_of("hub/org/app", &tag).is_some(),
@@ -894,4 +922,316 @@ fn with_signatures_one_fill_run_brings_a_new_image_and_its_signature() {
         Some(format!("{}/hub/org/app:2@{digest}", mirror.host).as_str()),
         "{swapped:?}"
     );
+}
+
+/// A Pod as `kubectl get pods -o json` lists it, with the record's label and `annotations`.
+fn recorded_pod(namespace: &str, name: &str, image: &str, annotations: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": namespace,
+            "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
+            "annotations": annotations},
+        "spec": {"containers": [{"name": "web", "image": image}]},
+    })
+}
+
+const RECORD: &str = "image-swapper.kubewarden.io/unmirrored-images";
+
+/// No record can stop the run. A static Pod's mirror (`kubernetes.io/config.mirror`, which the
+/// swapper leaves alone) carries the label and the record `{"web":1}`; another Pod a record
+/// whose copy is a list, naming a destination of its own; a third one that is not JSON. Each
+/// is skipped with one line naming its Pod and why; a fourth, whose copy hides a line of the
+/// work list after a new line, is refused on one line. None of their copies is made, and the
+/// policy's own record beside them is copied in the same run, which exits 0 and counts them.
+#[test]
+fn a_record_that_is_not_well_formed_is_skipped_and_stops_nothing() {
+    let cluster = Cluster::start("fill-forged-record");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let digest = Image::new("web 7", "linux/amd64").push(source, "web", Some("7"));
+    Image::new("api 7", "linux/amd64").push(source, "api", Some("7"));
+    let request = pod_request("CREATE", web(&cluster.source_image("web:7")));
+    let kept = validate(
+        &cluster.settings("swap"),
+        &request,
+        shared(LiveHost::default()),
+    );
+    assert!(kept.unmirrored().is_some(), "{kept:?}");
+    let api = cluster.source_image("api:7");
+    let listed_copy = json!({"web": {"source": api, "copy": [format!(
+        "skopeo copy --all --preserve-digests docker://{api} docker://{}/hub/nginx:7",
+        mirror.host
+    )]}});
+    let injected = format!("x\n{api} {}/hub/nginx:7\n", mirror.host);
+    let pods = vec![
+        recorded_pod(
+            "kube-system",
+            "etcd-node-1",
+            &api,
+            json!({"kubernetes.io/config.mirror": "3f1c9a", RECORD: r#"{"web":1}"#}),
+        ),
+        recorded_pod(
+            "team",
+            "listed-copy",
+            &api,
+            json!({RECORD: listed_copy.to_string()}),
+        ),
+        recorded_pod("team", "not-json", &api, json!({RECORD: "{\"web\": {"})),
+        // A copy that is a string, with a line of the work list inside it.
+        recorded_pod(
+            "team",
+            "new-line",
+            &api,
+            json!({RECORD: json!({"web": {"source": api, "copy": injected}}).to_string()}),
+        ),
+        listed_pod(1, &kept, &request),
+    ];
+    let dir = tempdir("fill-forged-record");
+    let pods = write(&dir, "pods.json", &list(pods));
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let (code, printed) = fill_code(&[], &["--pods", &pods.to_string_lossy(), &flag, &settings]);
+
+    assert_eq!(
+        mirror.digest_of("hub/web", "7").as_deref(),
+        Some(digest.as_str()),
+        "the policy's own record is copied in the same run: {printed}"
+    );
+    assert_eq!(mirror.digest_of("hub/nginx", "7"), None, "{printed}");
+    assert_eq!(mirror.digest_of("hub/api", "7"), None, "{printed}");
+    assert_eq!(code, Some(0), "{printed}");
+    for (pod, why) in [
+        (
+            "kube-system/etcd-node-1",
+            "its record is not well formed (container \"web\" is a number, not an object with source and copy)",
+        ),
+        (
+            "team/listed-copy",
+            "its record is not well formed (container \"web\" has no copy string)",
+        ),
+        (
+            "team/not-json",
+            "its record is not a JSON object (\"{\\\"web\\\": {\")",
+        ),
+    ] {
+        let lines: Vec<&str> = printed.lines().filter(|l| l.contains(pod)).collect();
+        assert_eq!(
+            lines,
+            [format!("fill-mirror: skipped {pod}: {why}, none of it run")],
+            "one line for {pod}: {printed}"
+        );
+    }
+    assert!(
+        printed.contains(&format!(
+            "fill-mirror: refused team/new-line container web: its record is not the policy's own ({}), not run\n",
+            injected.replace('\n', "?")
+        )),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 4 refused"),
+        "{printed}"
+    );
+}
+
+/// No report can steer a copy. Anyone who can write a Report could write a `fail` result of the
+/// check whose message holds `skopeo copy` lines: to a repository the settings do not route the
+/// source to, by digest to a tag that is not the digest's own, from a source no rule routes, and
+/// from an image `exclude` keeps out. Each is refused with one line naming the report and why,
+/// and none is made; a report whose results are not a list and a result whose message is not a
+/// string are skipped so; the check's real finding beside them is copied in the same run.
+#[test]
+fn a_report_copy_passes_the_checks_a_pod_record_does() {
+    let cluster = Cluster::start("fill-forged-report");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let web_digest = Image::new("web 8", "linux/amd64").push(source, "web", Some("8"));
+    let api = Image::new("api 8", "linux/amd64").push(source, "api", Some("8"));
+    Image::new("private 1", "linux/amd64").push(source, "private/app", Some("1"));
+    let mut settings = cluster.settings("swap");
+    settings["exclude"] = json!([format!("{}/private/*", source.host)]);
+    let finding = cluster.check(1, &web(&cluster.source_image("web:8")), &json!({}));
+    assert_eq!(
+        (finding.accepted, finding.code),
+        (false, None),
+        "{finding:?}"
+    );
+
+    let (s, m) = (&source.host, &mirror.host);
+    let copy = |from: &str, to: &str| {
+        format!("skopeo copy --all --preserve-digests docker://{s}/{from} docker://{m}/{to}")
+    };
+    let forged_copies = [
+        (
+            copy("api:8", "hub/nginx:8"),
+            format!("the settings route {s}/api to {m}/hub/api, not {m}/hub/nginx"),
+        ),
+        (
+            copy(&format!("api@{api}"), "hub/api:8"),
+            format!(
+                "a copy by digest goes to the digest own tag {}, not 8",
+                api.replacen(':', "-", 1)
+            ),
+        ),
+        (
+            copy("private/app:1", "hub/private/app:1"),
+            format!("{s}/private/app:1 is excluded by {s}/private/*"),
+        ),
+    ];
+    let unrouted = format!(
+        "skopeo copy --all --preserve-digests docker://quay.io/team/app:1 docker://{m}/hub/app:1"
+    );
+    let message = format!(
+        "a source image the Pod runs is not in the mirror: {}; {}",
+        forged_copies
+            .iter()
+            .map(|(c, _)| format!("fill the mirror ({c})"))
+            .collect::<Vec<_>>()
+            .join("; "),
+        unrouted
+    );
+    let mut forged = report(
+        "Report",
+        2,
+        vec![
+            json!({"source": "kubewarden", "policy": POLICY, "result": "fail", "message": message}),
+            json!({"policy": POLICY, "result": "fail", "message": {"copy": copy("api:8", "hub/api:8")}}),
+        ],
+    );
+    forged["metadata"]["name"] = json!("forged");
+    forged["metadata"]["namespace"] = json!("team");
+    let mut not_a_list = report("PolicyReport", 3, vec![]);
+    not_a_list["metadata"]["name"] = json!("not-a-list");
+    not_a_list["results"] = json!(copy("api:8", "hub/api:8"));
+
+    let dir = tempdir("fill-forged-report");
+    let reports = write(
+        &dir,
+        "reports.json",
+        &list(vec![
+            forged,
+            not_a_list,
+            report("Report", 1, vec![result(POLICY, &finding)]),
+        ]),
+    );
+    let [flag, settings] = with_settings(&dir, &settings);
+    let (code, printed) = fill_code(&[&reports], &[&flag, &settings]);
+
+    for (repository, tag) in [
+        ("hub/nginx", "8"),
+        ("hub/api", "8"),
+        ("hub/private/app", "1"),
+    ] {
+        assert_eq!(
+            mirror.digest_of(repository, tag),
+            None,
+            "a forged copy was made, to {repository}:{tag}: {printed}"
+        );
+    }
+    assert_eq!(
+        mirror.digest_of("hub/web", "8").as_deref(),
+        Some(web_digest.as_str()),
+        "the real finding is copied in the same run: {printed}"
+    );
+    assert_eq!(code, Some(0), "{printed}");
+    let head = format!("fill-mirror: refused Report team/forged results[0] of {POLICY}: its copy");
+    for (line, why) in forged_copies.iter().chain([&(
+        unrouted.clone(),
+        "no rule of the settings routes quay.io/team/app".to_string(),
+    )]) {
+        let docker = line.trim_start_matches("skopeo copy --all --preserve-digests ");
+        assert!(
+            printed.contains(&format!(
+                "{head} {docker} is not the policy's own: {why}, not run\n"
+            )),
+            "{why}: {printed}"
+        );
+    }
+    assert!(
+        printed.contains(&format!("fill-mirror: skipped Report team/forged: results[1] of {POLICY} has a message that is an object, not a string, not read\n"))
+            && printed.contains("fill-mirror: skipped PolicyReport default/not-a-list: its results are a string, not a list, not read\n"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 6 refused"),
+        "{printed}"
+    );
+}
+
+/// The exit status lets an alert on failed Jobs clear. 0 when every copy was made or is there
+/// already; 0 too when a source is gone for good (its registry answers that it has no such
+/// manifest, or no such repository): one line names each, at every run, and the summary counts
+/// them. 1 when a copy failed in a way a later run may not meet (here the source registry
+/// refuses connections). 2 when the job cannot run (reports without the settings to check them).
+#[test]
+fn the_exit_status_is_0_when_copied_or_gone_for_good_and_1_when_a_copy_failed() {
+    let cluster = Cluster::start("fill-status");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let digest = Image::new("ok 1", "linux/amd64").push(source, "ok", Some("1"));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let down = closed.local_addr().expect("address").to_string();
+    drop(closed);
+    let (s, m) = (&source.host, &mirror.host);
+    let dir = tempdir("fill-status");
+    let run = |lines: &[String]| {
+        let copies = write_text(&dir, "copies.txt", &lines.join("\n"));
+        fill_code(&[], &["--copies", &copies.to_string_lossy()])
+    };
+    let good = format!("{s}/ok:1 {m}/hub/ok:1");
+    let no_tag = format!("{s}/ok:404 {m}/hub/ok:404");
+    let no_repository = format!("{s}/never/pushed:1 {m}/hub/never/pushed:1");
+
+    let (code, printed) = run(&[good.clone()]);
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.ends_with("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused\n"),
+        "{printed}"
+    );
+    assert_eq!(
+        mirror.digest_of("hub/ok", "1").as_deref(),
+        Some(digest.as_str())
+    );
+
+    for _ in 0..2 {
+        let (code, printed) = run(&[good.clone(), no_tag.clone(), no_repository.clone()]);
+        assert_eq!(
+            code,
+            Some(0),
+            "gone for good does not fail the Job: {printed}"
+        );
+        for gone in [format!("{s}/ok:404"), format!("{s}/never/pushed:1")] {
+            let lines = printed
+                .lines()
+                .filter(|l| {
+                    l.starts_with(&format!(
+                        "gone docker://{gone}: its registry has no such image"
+                    ))
+                })
+                .count();
+            assert_eq!(lines, 1, "one line names {gone}: {printed}");
+        }
+        assert!(
+            printed.ends_with("fill-mirror: 0 copied, 0 failed, 1 skipped, 2 gone, 0 refused\n"),
+            "{printed}"
+        );
+    }
+
+    let (code, printed) = run(&[no_tag, format!("{down}/app:1 {m}/hub/app:1")]);
+    assert_eq!(code, Some(1), "{printed}");
+    assert!(
+        printed.contains(&format!(
+            "failed docker://{down}/app:1 to docker://{m}/hub/app:1: "
+        )) && printed.ends_with("fill-mirror: 0 copied, 1 failed, 0 skipped, 1 gone, 0 refused\n"),
+        "{printed}"
+    );
+
+    let reports = write(&dir, "reports.json", &list(vec![]));
+    let (code, printed) = fill_code(&[&reports], &[]);
+    assert_eq!(code, Some(2), "{printed}");
+    assert!(
+        printed.contains("--reports and --pods need --settings"),
+        "{printed}"
+    );
+}
+
+fn write_text(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
 }
