@@ -6,9 +6,11 @@
 #
 # The reports are Kubewarden's audit scanner's (kubewarden-controller internal/audit-scanner
 # report/openreports.go and policyreports.go): `openreports.io` Reports (the Helm chart's default)
-# and `wgpolicyk8s.io` PolicyReports, each with `.results[]` of {policy: "clusterwide-<name>" or
-# "namespaced-<namespace>-<name>", result: pass | fail | error, message, ...}. A copy is the form
-# the policy writes in a message, and nothing else is read from it:
+# and `wgpolicyk8s.io` PolicyReports, each with `.results[]` of {policy: the policy's unique id,
+# result: pass | fail | error, message, ...}. The id is `clusterwide-<name>` before Kubewarden
+# 1.37.2 and `kw.cap.<name>` from 1.37.2 on (`namespaced-<ns>-<name>` / `kw.ap.<ns>.<name>` for
+# an AdmissionPolicy). A copy is the form the policy writes in a message, and nothing else is
+# read from it:
 #   skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION
 # with both references in the reference grammar's characters ([A-Za-z0-9._:@/-]).
 #
@@ -33,7 +35,7 @@
 # with one line that names the Pod or the report and why; the run goes on.
 #
 # Usage:
-#   fill-mirror.sh [--policy NAME] [--reports FILE]... [--pods FILE]... [--settings FILE]
+#   fill-mirror.sh [--policy ID]... [--reports FILE]... [--pods FILE]... [--settings FILE]
 #                  [--swap-policy NAME] [--ecr] [--dry-run] [--insecure] [--signatures]
 #       Reads the reports and the Pods' records (from FILEs, `kubectl get ... -o json` output;
 #       without --reports or --pods, both from the cluster with kubectl), then copies. Needs jq,
@@ -44,8 +46,9 @@
 #   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures]
 #       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
 #       read the reports in one container and copy in another.
-# --policy defaults to clusterwide-image-swapper-check (a ClusterAdmissionPolicy named
-# image-swapper-check).
+# --policy: the check policy's id in the reports' results; each --policy adds one, and without
+# it both ids of a ClusterAdmissionPolicy named image-swapper-check are read,
+# clusterwide-image-swapper-check (before 1.37.2) and kw.cap.image-swapper-check (1.37.2 on).
 # The swapping policy's settings route the copies, the reports' and the Pods': --settings FILE
 # (its settings, or the policy object, as JSON; needed with --reports or --pods), else from the
 # cluster, the ClusterAdmissionPolicy --swap-policy (default image-swapper). --insecure lets
@@ -81,7 +84,7 @@
 #   2  the job could not run (arguments, kubectl, the settings, input that is not JSON).
 set -euo pipefail
 
-policy=clusterwide-image-swapper-check
+policies=()
 swap_policy=image-swapper
 settings_file=
 ecr=false
@@ -95,7 +98,7 @@ tls=()
 
 while (($#)); do
   case $1 in
-    --policy) policy=${2:?--policy needs a name}; shift 2 ;;
+    --policy) policies+=("${2:?--policy needs an id}"); shift 2 ;;
     --reports) reports+=("${2:?--reports needs a file}"); shift 2 ;;
     --pods) pods+=("${2:?--pods needs a file}"); shift 2 ;;
     --settings) settings_file=${2:?--settings needs a file}; shift 2 ;;
@@ -111,6 +114,7 @@ while (($#)); do
     *) echo "fill-mirror: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+((${#policies[@]})) || policies=(clusterwide-image-swapper-check kw.cap.image-swapper-check)
 
 # Each line once, in order (bash alone: the AWS CLI's image has no awk).
 unique_lines() {
@@ -348,16 +352,17 @@ pod_copies() {
 # The copies in the check policy's fail results, each checked as the Pods' are; a note for
 # each that is refused, and for each report or result that is not well formed.
 report_copies() {
-  local settings=$1 documents=$2
+  local settings=$1 documents=$2 ids
   [[ -n $documents ]] || return 0
-  jq -r --argjson settings "$settings" --arg policy "$policy" "$jq_routing"'
+  ids=$(printf '%s\n' "${policies[@]}" | jq -R . | jq -s .)
+  jq -r --argjson settings "$settings" --argjson ids "$ids" "$jq_routing"'
     def where: "\(.kind? // "report" | tostring) \(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
     def copies($where):
       (.results // []) as $results
       | if ($results | type) != "array" then "skipped \($where): its results are \($results | a_type), not a list, not read"
         else $results | to_entries[] | .key as $i | .value
         | if type != "object" then "skipped \($where): results[\($i)] is \(a_type), not an object, not read"
-          elif .policy != $policy or .result != "fail" then empty
+          elif (.policy as $id | $ids | index([$id])) == null or .result != "fail" then empty
           elif (.message | type) != "string"
           then "skipped \($where): results[\($i)] of \(.policy) has a message that is \(.message | a_type), not a string, not read"
           else .policy as $id | .message | [scan(copy_form)][] as [$source, $destination]

@@ -2,8 +2,9 @@
 //! built module, real registries), written into reports in the exact shape Kubewarden's audit
 //! scanner writes them (kubewarden-controller `internal/audit-scanner/report/openreports.go`
 //! and `policyreports.go`: one report per Pod, `.results[]` with `source`, `policy`
-//! (`clusterwide-<name>`), `result`, `message`, ...), and the shipped `scripts/fill-mirror.sh`
-//! run on them with Debian's `skopeo` and `jq`.
+//! (`clusterwide-<name>` before Kubewarden 1.37.2, `kw.cap.<name>` from it on), `result`,
+//! `message`, ...), and the shipped `scripts/fill-mirror.sh` run on them with Debian's `skopeo`
+//! and `jq`.
 
 mod rig;
 
@@ -71,7 +72,7 @@ fn result(policy: &str, response: &Response) -> Value {
         "resourceSelector": {},
         "properties": {
             "validating": "true",
-            "policy-name": policy.trim_start_matches("clusterwide-"),
+            "policy-name": policy.trim_start_matches("clusterwide-").trim_start_matches("kw.cap."),
             "policy-resource-version": "81723",
             "policy-uid": "0a4f8d2c-5b1e-4e7a-9c3d-7f6e5d4c3b2a",
         },
@@ -1151,6 +1152,57 @@ fn a_report_copy_passes_the_checks_a_pod_record_does() {
     assert!(
         printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 6 refused"),
         "{printed}"
+    );
+}
+
+/// Kubewarden 1.37.2 renamed every policy's unique id, the `policy` of its audit results:
+/// `clusterwide-image-swapper-check` before, `kw.cap.image-swapper-check` from it on (and during
+/// the upgrade both, for a while). By default the fill job reads the check's results under
+/// either; `--policy` names the one to read.
+#[test]
+fn the_fill_job_reads_the_checks_results_under_either_id() {
+    let cluster = Cluster::start("fill-ids");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let web_digest = Image::new("web 9", "linux/amd64").push(source, "web", Some("9"));
+    let api_digest = Image::new("api 9", "linux/amd64").push(source, "api", Some("9"));
+    let web_finding = cluster.check(1, &web(&cluster.source_image("web:9")), &json!({}));
+    let api_finding = cluster.check(2, &web(&cluster.source_image("api:9")), &json!({}));
+    let (new_id, old_id) = (
+        "kw.cap.image-swapper-check",
+        "clusterwide-image-swapper-check",
+    );
+    let dir = tempdir("fill-ids");
+    let reports = write(
+        &dir,
+        "reports.json",
+        &list(vec![
+            report("Report", 1, vec![result(new_id, &web_finding)]),
+            report("Report", 2, vec![result(old_id, &api_finding)]),
+        ]),
+    );
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let web_line = format!("{}/web:9 {}/hub/web:9", source.host, mirror.host);
+    let api_line = format!("{}/api:9 {}/hub/api:9", source.host, mirror.host);
+    for (ids, expected) in [
+        (vec![], vec![&web_line, &api_line]),
+        (vec!["--policy", new_id], vec![&web_line]),
+        (vec!["--policy", old_id], vec![&api_line]),
+    ] {
+        let args = [&["--list", flag.as_str(), settings.as_str()][..], &ids[..]].concat();
+        let (ok, listed) = fill(&[&reports], &args);
+        assert!(ok, "{listed}");
+        assert_eq!(listed.lines().collect::<Vec<_>>(), expected, "{ids:?}");
+    }
+
+    let (ok, printed) = fill(&[&reports], &[&flag, &settings]);
+    assert!(ok, "{printed}");
+    assert_eq!(
+        mirror.digest_of("hub/web", "9").as_deref(),
+        Some(web_digest.as_str())
+    );
+    assert_eq!(
+        mirror.digest_of("hub/api", "9").as_deref(),
+        Some(api_digest.as_str())
     );
 }
 
