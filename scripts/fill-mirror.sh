@@ -37,13 +37,14 @@
 # Usage:
 #   fill-mirror.sh [--policy ID]... [--reports FILE]... [--pods FILE]... [--settings FILE]
 #                  [--swap-policy NAME] [--ecr] [--dry-run] [--insecure] [--signatures]
+#                  [--source-auth FILE]
 #       Reads the reports and the Pods' records (from FILEs, `kubectl get ... -o json` output;
 #       without --reports or --pods, both from the cluster with kubectl), then copies. Needs jq,
 #       skopeo, and kubectl without files.
 #   fill-mirror.sh --list [...]
 #       Prints the copies, one "SOURCE DESTINATION" a line, on stdout; the lines of what it
 #       skipped or refused go to stderr (needs jq, and kubectl without files).
-#   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures]
+#   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures] [--source-auth FILE]
 #       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
 #       read the reports in one container and copy in another.
 # --policy: the check policy's id in the reports' results; each --policy adds one, and without
@@ -54,6 +55,10 @@
 # cluster, the ClusterAdmissionPolicy --swap-policy (default image-swapper). --insecure lets
 # skopeo use plain HTTP and unverified TLS. skopeo reads the mirror's push credentials, and any
 # source's, from REGISTRY_AUTH_FILE (a docker config.json).
+# --source-auth FILE (or FILL_SOURCE_AUTH_FILE): a docker config with the sources' credentials
+# (a mounted kubernetes.io/dockerconfigjson Secret), merged into REGISTRY_AUTH_FILE before
+# anything is copied: its `auths` entries are added, one per host, and the file's other
+# entries kept. An entry for a host the job logs in to with --ecr is replaced by that login.
 # --ecr: the mirror is Amazon ECR, which refuses a push to a repository that does not exist.
 # Each destination repository is created first when missing (`aws ecr create-repository`, with
 # the extra arguments in ECR_CREATE_REPOSITORY_ARGS, e.g. "--image-tag-mutability IMMUTABLE
@@ -61,10 +66,12 @@
 # registry with `aws ecr get-login-password` at every run, from the job's own AWS identity (IRSA
 # or EKS Pod Identity): no push Secret to renew. The region is the registry host's
 # (<account>.dkr.ecr.<region>.amazonaws.com), else AWS_REGION.
-#   fill-mirror.sh --ecr-prepare --copies FILE
+#   fill-mirror.sh --ecr-prepare --copies FILE [--source-auth FILE]
 #       The ECR part alone, for a container with the AWS CLI and no skopeo (the public AWS CLI
-#       image): creates the missing repositories of the copies in FILE and writes the push login
-#       to REGISTRY_AUTH_FILE, for a later `--copies FILE` run in the skopeo image.
+#       image): creates the missing repositories of the copies in FILE and merges the push
+#       login of each registry host into REGISTRY_AUTH_FILE, for a later `--copies FILE` run in
+#       the skopeo image. A repository it cannot create, or a host it cannot log in to, is
+#       named and left to the copies, which fail and say so: it exits 0 for them.
 # --signatures: with the swapping policy's `signatures`, also copy each image's cosign
 # signature: once the image is in the mirror (copied, or there already), the tag
 # sha256-<hex>.sig of its digest (the digest of the manifest the mirror now serves) is copied
@@ -94,6 +101,7 @@ copies_file=
 mode=copy
 dry_run=false
 signatures=false
+source_auth=${FILL_SOURCE_AUTH_FILE:-}
 tls=()
 
 while (($#)); do
@@ -109,6 +117,7 @@ while (($#)); do
     --list) mode=list; shift ;;
     --dry-run) dry_run=true; shift ;;
     --signatures) signatures=true; shift ;;
+    --source-auth) source_auth=${2:?--source-auth needs a file}; shift 2 ;;
     --insecure) tls=(--tls-verify=false); shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "fill-mirror: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -435,6 +444,84 @@ if [[ $mode == list ]]; then
   printf '%s' "$copies"
   exit 0
 fi
+if [[ $mode == ecr-prepare && -z ${REGISTRY_AUTH_FILE:-} ]]; then
+  echo "fill-mirror: --ecr-prepare writes the logins to REGISTRY_AUTH_FILE, which is not set" >&2
+  exit 2
+fi
+
+# Docker configs in bash alone (the AWS CLI's image has neither jq nor skopeo). The members of
+# the JSON object on stdin, one "KEY<TAB>VALUE" line each, VALUE in compact JSON: grep -o cuts
+# it into tokens (strings whole, with their escapes; punctuation; literals), and only the
+# nesting depth is followed.
+json_members() {
+  local token depth=0 key= value=
+  while IFS= read -r token; do
+    case $token in
+      '{' | '[')
+        depth=$((depth + 1))
+        ((depth > 1)) || { [[ $token == '{' ]] || return 0; continue; }
+        ;;
+      '}' | ']') depth=$((depth - 1)) ;;
+    esac
+    if ((depth <= 0)); then
+      [[ -z $key ]] || printf '%s\t%s\n' "$key" "$value"
+      return 0
+    elif ((depth == 1)); then
+      case $token in
+        ,) [[ -z $key ]] || printf '%s\t%s\n' "$key" "$value"; key= value= ;;
+        :) ;;
+        *) if [[ -z $key ]]; then key=$token; else value+=$token; fi ;;
+      esac
+    else
+      value+=$token
+    fi
+  done < <(grep -oE '"([^"\\]|\\.)*"|[][{}:,]|[^][{}:,"[:space:]]+')
+}
+
+# The `auths` entries of the docker config $1 (none when it is missing or empty).
+auth_entries() {
+  local key value
+  [[ -s $1 ]] || return 0
+  while IFS=$'\t' read -r key value; do
+    [[ $key != '"auths"' ]] || json_members <<<"$value"
+  done < <(json_members <"$1")
+}
+
+# Writes REGISTRY_AUTH_FILE as the `auths` of the docker configs named, then the "KEY<TAB>VALUE"
+# lines on stdin (fresh logins): one entry per host, a later one replacing an earlier.
+merge_auth_file() {
+  local file=$REGISTRY_AUTH_FILE config key value tmp entries=() order=()
+  local -A values=()
+  for config in "$@"; do
+    while IFS=$'\t' read -r key value; do
+      [[ -n ${values[$key]+set} ]] || order+=("$key")
+      values[$key]=$value
+    done < <(auth_entries "$config")
+  done
+  while IFS=$'\t' read -r key value; do
+    [[ -n $key ]] || continue
+    [[ -n ${values[$key]+set} ]] || order+=("$key")
+    values[$key]=$value
+  done
+  for key in "${order[@]}"; do entries+=("$key:${values[$key]}"); done
+  tmp=$(mktemp "$file.XXXXXX") || return 1
+  (IFS=,; printf '{"auths":{%s}}\n' "${entries[*]}") >"$tmp" && mv "$tmp" "$file" || {
+    rm -f "$tmp"
+    return 1
+  }
+}
+
+if [[ -n $source_auth ]] && ! $dry_run; then
+  : "${REGISTRY_AUTH_FILE:?--source-auth merges into REGISTRY_AUTH_FILE}"
+  if [[ ! -r $source_auth ]]; then
+    echo "fill-mirror: --source-auth $source_auth cannot be read" >&2
+    exit 2
+  fi
+  if ! merge_auth_file "$REGISTRY_AUTH_FILE" "$source_auth" </dev/null; then
+    echo "fill-mirror: --source-auth: cannot write REGISTRY_AUTH_FILE $REGISTRY_AUTH_FILE (it must be writable)" >&2
+    exit 2
+  fi
+fi
 
 # ECR: the region of a registry host, and a login per destination registry, from the job's own
 # AWS identity, before anything is inspected or pushed.
@@ -445,8 +532,8 @@ ecr_region() {
     echo "${AWS_REGION:-${AWS_DEFAULT_REGION:?--ecr needs AWS_REGION for $1}}"
   fi
 }
-# The push login for an ECR registry host, in REGISTRY_AUTH_FILE: with skopeo when there is one,
-# else written as a docker config (the AWS CLI's image has no skopeo).
+# The push login for an ECR registry host, in REGISTRY_AUTH_FILE beside its other entries: with
+# skopeo when there is one, else merged by hand (the AWS CLI's image has no skopeo).
 ecr_login() {
   local host=$1 password
   password=$(aws ecr get-login-password --region "$(ecr_region "$host")") || return 1
@@ -454,15 +541,15 @@ ecr_login() {
     skopeo login --username AWS --password-stdin "${tls[@]}" "$host" <<<"$password" >/dev/null
   else
     : "${REGISTRY_AUTH_FILE:?--ecr-prepare writes the login to REGISTRY_AUTH_FILE}"
-    printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$host" "$(printf 'AWS:%s' "$password" | base64 -w0)" \
-      >"$REGISTRY_AUTH_FILE"
+    printf '"%s"\t{"auth":"%s"}\n' "$host" "$(printf 'AWS:%s' "$password" | base64 -w0)" |
+      merge_auth_file "$REGISTRY_AUTH_FILE"
   fi
 }
 ecr_failed=()
 if $ecr && ! $dry_run; then
   for host in $(while read -r _ destination; do [[ -z ${destination:-} ]] || echo "${destination%%/*}"; done <<<"$copies" | sort -u); do
     if ! ecr_login "$host"; then
-      echo "fill-mirror: could not log in to $host with aws ecr get-login-password" >&2
+      echo "fill-mirror: could not log in to $host with aws ecr get-login-password; its copies will fail" >&2
       ecr_failed+=("$host")
     fi
   done
@@ -486,14 +573,15 @@ ecr_repository() {
 }
 
 if [[ $mode == ecr-prepare ]]; then
-  prepared=0
+  prepared=0 unprepared=0
   while read -r _ destination; do
     [[ -n ${destination:-} ]] || continue
-    ecr_repository "$destination" || ecr_failed+=("$destination")
+    ecr_repository "$destination" || unprepared=$((unprepared + 1))
     prepared=$((prepared + 1))
   done <<<"$copies"
-  echo "fill-mirror: ECR prepared for $prepared copies, ${#ecr_failed[@]} failed"
-  exit $((${#ecr_failed[@]} > 0))
+  # What failed here fails its copy in the next step, which names it; this step never stops it.
+  echo "fill-mirror: ECR prepared for $prepared copies, $((unprepared + ${#ecr_failed[@]})) failed"
+  exit 0
 fi
 
 # `name` of `name:tag` or `name@digest`: a tag follows the last `:` after the last `/`.

@@ -739,7 +739,9 @@ fn the_ecr_cronjobs_three_steps_fill_a_new_repository() {
 fn aws_cli_image(dir: &Path) -> PathBuf {
     let tools = dir.join("aws-cli-image");
     std::fs::create_dir_all(&tools).expect("dir");
-    for tool in ["bash", "aws", "sort", "base64", "grep", "tail", "env"] {
+    for tool in [
+        "bash", "aws", "sort", "base64", "grep", "tail", "env", "mktemp", "mv",
+    ] {
         // pyenv's shims are scripts that need pyenv: link the program itself.
         let found = Command::new("bash")
             .args([
@@ -1286,4 +1288,144 @@ fn write_text(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write");
     path
+}
+
+/// Two ECR registries and a private source, as the ECR CronJob's AWS CLI container prepares
+/// them (bash, coreutils and aws: no skopeo, no jq). `--ecr-prepare` merges one login per ECR
+/// host and the sources' credentials (`--source-auth`, a docker config as a Secret mounts it)
+/// into the auth file, keeping the entries it held, and the copying step fills both registries
+/// from the private source with that file alone. A repository it cannot create does not stop
+/// it (exit 0): the copy into it fails, in ECR's words, and fails the run.
+#[test]
+fn ecr_prepare_merges_one_login_per_host_and_the_sources_credentials() {
+    use rig::ecr::{EcrRegistry, Moto};
+    let source = TestRegistry::start_with_basic_auth("ecr-merge-source", "puller", "pull-token")
+        .expect("registry");
+    let storage = TestRegistry::start("ecr-merge-storage").expect("registry");
+    let moto = Moto::start().expect("moto");
+    let (first, second) = (
+        EcrRegistry::start(&storage, &moto).expect("ECR front"),
+        EcrRegistry::start(&storage, &moto).expect("ECR front"),
+    );
+    let a = Image::new("a 1 for ecr", "linux/amd64").push(&source, "team/a", Some("1"));
+    let b = Image::new("b 1 for ecr", "linux/amd64").push(&source, "other/b", Some("1"));
+    let dir = tempdir("fill-ecr-merge");
+    let copies = write_text(
+        &dir,
+        "copies.txt",
+        &format!(
+            "{0}/team/a:1 {1}/cache/team/a:1\n{0}/other/b:1 {2}/cache2/other/b:1\n",
+            source.host, first.host, second.host
+        ),
+    );
+    let basic = |user: &str, password: &str| {
+        rig::registry::basic_auth(user, password)
+            .trim_start_matches("Basic ")
+            .to_string()
+    };
+    // The sources' credentials as `kubectl create secret docker-registry` writes them, and an
+    // entry the auth file already holds.
+    let source_config = write(
+        &dir,
+        "source-config.json",
+        &json!({"auths": {source.host.clone(): {"username": "puller", "password": "pull-token",
+            "auth": basic("puller", "pull-token")}}}),
+    );
+    let auth_file = write(
+        &dir,
+        "auth.json",
+        &json!({"auths": {"quay.io": {"auth": basic("robot", "quay")}}}),
+    );
+    let tools = aws_cli_image(&dir);
+    let script = rig::root().join("scripts/fill-mirror.sh");
+    let prepare = |create_arguments: &str| {
+        let mut command = Command::new(tools.join("bash"));
+        command
+            .arg(&script)
+            .args(["--ecr-prepare", "--copies"])
+            .arg(&copies)
+            .arg("--source-auth")
+            .arg(&source_config)
+            .env("PATH", &tools)
+            .env("REGISTRY_AUTH_FILE", &auth_file)
+            .env("ECR_CREATE_REPOSITORY_ARGS", create_arguments);
+        for (name, value) in moto.environment() {
+            command.env(name, value);
+        }
+        let output = command.output().expect("--ecr-prepare");
+        let text = String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.code(), text)
+    };
+    let copy = || {
+        let output = Command::new(&script)
+            .args(["--insecure", "--copies"])
+            .arg(&copies)
+            .env("REGISTRY_AUTH_FILE", &auth_file)
+            .output()
+            .expect("--copies");
+        let text = String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.code(), text)
+    };
+
+    // Repositories that cannot be created: the step goes on, and the copies say what failed.
+    let (code, printed) = prepare("--no-such-option");
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.contains("fill-mirror: aws ecr create-repository cache/team/a: ")
+            && printed.contains("fill-mirror: aws ecr create-repository cache2/other/b: ")
+            && printed.contains("fill-mirror: ECR prepared for 2 copies, 2 failed"),
+        "{printed}"
+    );
+    let (code, printed) = copy();
+    assert_eq!(code, Some(1), "{printed}");
+    assert!(
+        printed.contains(&format!(
+            "failed docker://{}/team/a:1 to docker://{}/cache/team/a:1: ",
+            source.host, first.host
+        )) && printed.contains("The repository with name 'cache/team/a' does not exist")
+            && printed.contains("fill-mirror: 0 copied, 2 failed, 0 skipped, 0 gone, 0 refused"),
+        "{printed}"
+    );
+
+    let (code, printed) = prepare("--image-tag-mutability IMMUTABLE");
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.contains("created ECR repository cache/team/a")
+            && printed.contains("created ECR repository cache2/other/b"),
+        "{printed}"
+    );
+    let auths: Value =
+        serde_json::from_str(&std::fs::read_to_string(&auth_file).expect("auth file"))
+            .expect("the merged auth file is JSON");
+    let mut hosts: Vec<&String> = auths["auths"].as_object().expect("auths").keys().collect();
+    hosts.sort();
+    let mut expected = vec![&first.host, &second.host, &source.host];
+    let quay = "quay.io".to_string();
+    expected.push(&quay);
+    expected.sort();
+    assert_eq!(hosts, expected, "one entry per host: {auths}");
+    let ecr_login = basic("AWS", &EcrRegistry::password());
+    assert_eq!(auths["auths"][&first.host]["auth"], json!(ecr_login));
+    assert_eq!(auths["auths"][&second.host]["auth"], json!(ecr_login));
+    assert_eq!(
+        auths["auths"][&source.host]["auth"],
+        json!(basic("puller", "pull-token"))
+    );
+
+    let (code, printed) = copy();
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.contains("fill-mirror: 2 copied, 0 failed, 0 skipped, 0 gone, 0 refused"),
+        "{printed}"
+    );
+    assert_eq!(
+        storage.digest_of("cache/team/a", "1").as_deref(),
+        Some(a.as_str())
+    );
+    assert_eq!(
+        storage.digest_of("cache2/other/b", "1").as_deref(),
+        Some(b.as_str())
+    );
 }
