@@ -258,7 +258,7 @@ jq_routing='
       end;
   def route($ref): repositories($ref)[0];
   # Why the copy from $source to $destination is not one the policy writes, or null: its
-  # destination is where the settings route its source, at the digest own tag of a copy by
+  # destination is where the settings route its source, at the own tag of the digest of a copy by
   # digest, or the same tag of a copy by tag (a signature tag included).
   def copy_problem($source; $destination):
     ($source | normal) as $ref
@@ -275,7 +275,7 @@ jq_routing='
       elif ($repositories | index([$repository])) == null
       then "the settings route \($ref.name) to \($repositories | join(" or ")), not \($repository)"
       elif $ref.digest and $tag != ($ref.digest | sub(":"; "-"))
-      then "a copy by digest goes to the digest own tag \($ref.digest | sub(":"; "-")), not \($tag)"
+      then "a copy by digest goes to the digest\u0027s own tag \($ref.digest | sub(":"; "-")), not \($tag)"
       elif ($ref.digest | not) and $tag != $source_tag
       then "a copy by tag goes to the same tag \($source_tag), not \($tag)"
       else null end;

@@ -1068,7 +1068,7 @@ fn a_report_copy_passes_the_checks_a_pod_record_does() {
         (
             copy(&format!("api@{api}"), "hub/api:8"),
             format!(
-                "a copy by digest goes to the digest own tag {}, not 8",
+                "a copy by digest goes to the digest's own tag {}, not 8",
                 api.replacen(':', "-", 1)
             ),
         ),
@@ -1231,7 +1231,7 @@ fn the_exit_status_is_0_when_copied_or_gone_for_good_and_1_when_a_copy_failed() 
     let no_tag = format!("{s}/ok:404 {m}/hub/ok:404");
     let no_repository = format!("{s}/never/pushed:1 {m}/hub/never/pushed:1");
 
-    let (code, printed) = run(&[good.clone()]);
+    let (code, printed) = run(std::slice::from_ref(&good));
     assert_eq!(code, Some(0), "{printed}");
     assert!(
         printed.ends_with("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused\n"),
