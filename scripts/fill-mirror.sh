@@ -351,7 +351,7 @@ pod_copies() {
       elif ($pod.metadata.annotations?["image-swapper.kubewarden.io/unmirrored-images"]? // null) == null then empty
       else (try [$pod | own_copies] catch ["skipped \($where): its record could not be read (\(.)), none of it run"]) | .[]
       end
-    | one_line
+    | if startswith("copy ") then . else one_line end
   ' <<<"$documents" | work_lines || {
     echo "fill-mirror: the Pods are not JSON (kubectl get pods -o json output)" >&2
     exit 2
@@ -386,7 +386,7 @@ report_copies() {
       else (try ($report | where) catch "report ?/?") as $where
         | (try [$report | copies($where)] catch ["skipped \($where): it could not be read (\(.))"]) | .[]
       end
-    | one_line
+    | if startswith("copy ") then . else one_line end
   ' <<<"$documents" | work_lines || {
     echo "fill-mirror: the reports are not JSON (kubectl get reports -o json output)" >&2
     exit 2
