@@ -43,7 +43,8 @@
 #       skopeo, and kubectl without files.
 #   fill-mirror.sh --list [...]
 #       Prints the copies, one "SOURCE DESTINATION" a line, on stdout; the lines of what it
-#       skipped or refused go to stderr (needs jq, and kubectl without files).
+#       skipped or refused go to stderr, then "fill-mirror: listed N copies, R refused" when
+#       there were any (needs jq, and kubectl without files).
 #   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures] [--source-auth FILE]
 #       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
 #       read the reports in one container and copy in another.
@@ -442,6 +443,10 @@ done <<<"${work:-}"
 
 if [[ $mode == list ]]; then
   printf '%s' "$copies"
+  # The copying step (--copies) cannot see these: count them here, in this step's log.
+  if ((refused > 0)); then
+    echo "fill-mirror: listed $(grep -c . <<<"$copies" || true) copies, $refused refused" >&2
+  fi
   exit 0
 fi
 if [[ $mode == ecr-prepare && -z ${REGISTRY_AUTH_FILE:-} ]]; then

@@ -1032,6 +1032,19 @@ fn a_record_that_is_not_well_formed_is_skipped_and_stops_nothing() {
         printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 4 refused"),
         "{printed}"
     );
+
+    // The CronJob's list step, which the copying step cannot see into: its log counts them.
+    let pods = pods.to_string_lossy();
+    let (code, listed) = fill_code(&[], &["--list", "--pods", &pods, &flag, &settings]);
+    assert_eq!(code, Some(0), "{listed}");
+    assert!(
+        listed.starts_with(&format!(
+            "{} {}/hub/web:7\n",
+            cluster.source_image("web:7"),
+            mirror.host
+        )) && listed.ends_with("fill-mirror: listed 1 copies, 4 refused\n"),
+        "{listed}"
+    );
 }
 
 /// No report can steer a copy. Anyone who can write a Report could write a `fail` result of the
