@@ -212,6 +212,8 @@ jq_routing='
   # A note is one line, whatever the data it quotes holds.
   def one_line: gsub("[[:cntrl:]]"; "?");
   def a_type: type | if . == "array" or . == "object" then "an " + . else "a " + . end;
+  # What a value is, and the value itself (its start): "a number (1)".
+  def quoted: "\(a_type) (\(tojson | if length > 80 then .[0:80] + "..." else . end))";
   def copy_form: "skopeo copy --all --preserve-digests docker://(?<source>[A-Za-z0-9._:@/-]+) docker://(?<destination>[A-Za-z0-9._:@/-]+)";
   def normal:
     (split("@")) as $at | $at[0] as $named | ($at[1] // null) as $digest
@@ -304,11 +306,11 @@ pod_copies() {
     def where: "\(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
     def entry_problem:
       .key as $container | .value
-      | if type != "object" then "container \($container | tojson) is \(a_type), not an object with source and copy"
-        elif (.source | type) != "string" then "container \($container | tojson) has no source string"
-        elif (.copy | type) != "string" then "container \($container | tojson) has no copy string"
+      | if type != "object" then "container \($container | tojson) is \(quoted), not an object with source and copy"
+        elif (.source | type) != "string" then "container \($container | tojson): source is \(.source | quoted), not a string"
+        elif (.copy | type) != "string" then "container \($container | tojson): copy is \(.copy | quoted), not a string"
         elif has("signatureCopy") and (.signatureCopy | type) != "string"
-        then "container \($container | tojson) has a signatureCopy that is not a string"
+        then "container \($container | tojson): signatureCopy is \(.signatureCopy | quoted), not a string"
         else empty end;
     def own_copies:
       . as $pod
@@ -369,12 +371,12 @@ report_copies() {
     def where: "\(.kind? // "report" | tostring) \(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
     def copies($where):
       (.results // []) as $results
-      | if ($results | type) != "array" then "skipped \($where): its results are \($results | a_type), not a list, not read"
+      | if ($results | type) != "array" then "skipped \($where): its results are \($results | quoted), not a list, not read"
         else $results | to_entries[] | .key as $i | .value
-        | if type != "object" then "skipped \($where): results[\($i)] is \(a_type), not an object, not read"
+        | if type != "object" then "skipped \($where): results[\($i)] is \(quoted), not an object, not read"
           elif (.policy as $id | $ids | index([$id])) == null or .result != "fail" then empty
           elif (.message | type) != "string"
-          then "skipped \($where): results[\($i)] of \(.policy) has a message that is \(.message | a_type), not a string, not read"
+          then "skipped \($where): results[\($i)] of \(.policy): message is \(.message | quoted), not a string, not read"
           else .policy as $id | .message | [scan(copy_form)][] as [$source, $destination]
             | copy_problem($source; $destination) as $problem
             | if $problem == null then "copy \($source) \($destination)"

@@ -1000,18 +1000,19 @@ fn a_record_that_is_not_well_formed_is_skipped_and_stops_nothing() {
     assert_eq!(mirror.digest_of("hub/nginx", "7"), None, "{printed}");
     assert_eq!(mirror.digest_of("hub/api", "7"), None, "{printed}");
     assert_eq!(code, Some(0), "{printed}");
+    let listed_copy = shown(&listed_copy["web"]["copy"]);
     for (pod, why) in [
         (
             "kube-system/etcd-node-1",
-            "its record is not well formed (container \"web\" is a number, not an object with source and copy)",
+            "its record is not well formed (container \"web\" is a number (1), not an object with source and copy)".to_string(),
         ),
         (
             "team/listed-copy",
-            "its record is not well formed (container \"web\" has no copy string)",
+            format!("its record is not well formed (container \"web\": copy is an array ({listed_copy}), not a string)"),
         ),
         (
             "team/not-json",
-            "its record is not a JSON object (\"{\\\"web\\\": {\")",
+            "its record is not a JSON object (\"{\\\"web\\\": {\")".to_string(),
         ),
     ] {
         let lines: Vec<&str> = printed.lines().filter(|l| l.contains(pod)).collect();
@@ -1102,12 +1103,13 @@ fn a_report_copy_passes_the_checks_a_pod_record_does() {
             .join("; "),
         unrouted
     );
+    let message_object = json!({"copy": copy("api:8", "hub/api:8")});
     let mut forged = report(
         "Report",
         2,
         vec![
             json!({"source": "kubewarden", "policy": POLICY, "result": "fail", "message": message}),
-            json!({"policy": POLICY, "result": "fail", "message": {"copy": copy("api:8", "hub/api:8")}}),
+            json!({"policy": POLICY, "result": "fail", "message": message_object}),
         ],
     );
     forged["metadata"]["name"] = json!("forged");
@@ -1122,7 +1124,7 @@ fn a_report_copy_passes_the_checks_a_pod_record_does() {
         "reports.json",
         &list(vec![
             forged,
-            not_a_list,
+            not_a_list.clone(),
             report("Report", 1, vec![result(POLICY, &finding)]),
         ]),
     );
@@ -1160,8 +1162,8 @@ fn a_report_copy_passes_the_checks_a_pod_record_does() {
         );
     }
     assert!(
-        printed.contains(&format!("fill-mirror: skipped Report team/forged: results[1] of {POLICY} has a message that is an object, not a string, not read\n"))
-            && printed.contains("fill-mirror: skipped PolicyReport default/not-a-list: its results are a string, not a list, not read\n"),
+        printed.contains(&format!("fill-mirror: skipped Report team/forged: results[1] of {POLICY}: message is an object ({}), not a string, not read\n", shown(&message_object)))
+            && printed.contains(&format!("fill-mirror: skipped PolicyReport default/not-a-list: its results are a string ({}), not a list, not read\n", shown(&not_a_list["results"]))),
         "{printed}"
     );
     assert!(
@@ -1295,6 +1297,16 @@ fn the_exit_status_is_0_when_copied_or_gone_for_good_and_1_when_a_copy_failed() 
         printed.contains("--reports and --pods need --settings"),
         "{printed}"
     );
+}
+
+/// A value as the fill job's notes quote it: its JSON, cut at 80 characters.
+fn shown(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() > 80 {
+        format!("{}...", text.chars().take(80).collect::<String>())
+    } else {
+        text
+    }
 }
 
 fn write_text(dir: &Path, name: &str, text: &str) -> PathBuf {
