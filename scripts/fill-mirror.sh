@@ -204,10 +204,11 @@ read_settings_document() {
 }
 
 # The policy's reference rules and routing, in jq, for checking copies against the swapping
-# policy's settings ($settings) as the policy routes (src/rules.rs): the container runtimes'
-# normalisation (docker.io, library/, :latest), `exclude` globs on the normalised reference, an
-# image already under a target left alone, the longest matching `mirrors` source (all its
-# targets), else `defaultMirror`'s registries. Every definition reads any JSON without an error.
+# policy's settings as the policy routes (src/rules.rs): the container runtimes' normalisation
+# (docker.io, library/, :latest), `exclude` globs on the normalised reference, an image already
+# under a target left alone, the longest matching `mirrors` source (all its targets), else
+# `defaultMirror`'s registries. The settings are read once into $routing (routing_of). Every
+# definition reads any JSON without an error.
 jq_routing='
   # A note is one line, whatever the data it quotes holds.
   def one_line: gsub("[[:cntrl:]]"; "?");
@@ -231,19 +232,25 @@ jq_routing='
   def segments_under($prefix): . == $prefix or startswith($prefix + "/");
   def glob_regex: "\\A" + (split("") | map(if . == "*" then ".*" elif . == "?" then "."
     elif test("[A-Za-z0-9]") then . else "\\" + . end) | join("")) + "\\z";
-  def rules: [$settings.mirrors[]? | objects | select((.source | type) == "string")
-    | {source, targets: [.target, (.targets[]? | objects | .target)] | map(strings)}
-    | select(.targets | length > 0)];
-  def default_registries: ($settings.defaultMirror | objects // {})
-    | [.registry, (.registries[]?)] | map(strings);
-  def every_target: [rules[].targets[]] + default_registries;
+  # The settings (its input) as routing reads them: made once, then $routing for every copy.
+  def routing_of:
+    . as $settings
+    | [$settings.mirrors[]? | objects | select((.source | type) == "string")
+     | {source, targets: [.target, (.targets[]? | objects | .target)] | map(strings)}
+     | select(.targets | length > 0)] as $rules
+    | ($settings.defaultMirror | objects // {} | [.registry, (.registries[]?)] | map(strings)) as $defaults
+    | {rules: $rules, defaults: $defaults, targets: ([$rules[].targets[]] + $defaults),
+       exclude: [$settings.exclude[]? | strings | {glob: ., regex: glob_regex}]};
+  def rules: $routing.rules;
+  def default_registries: $routing.defaults;
+  def every_target: $routing.targets;
   # Why the settings route no copy of $ref, or null.
   def unrouted($ref):
     ($ref.name) as $name
     | ([every_target[] | select(. as $t | $name | segments_under($t))] | first) as $target
-    | ([$settings.exclude[]? | strings | select(. as $g | [$ref | reference,
+    | ([$routing.exclude[] | select(.regex as $regex | [$ref | reference,
           ($ref.tag // "" | capture("\\Asha256-(?<hex>[0-9a-f]{64})[.]sig\\z")
-           | "\($name)@sha256:\(.hex)")] | any(test($g | glob_regex)))] | first) as $glob
+           | "\($name)@sha256:\(.hex)")] | any(test($regex)))] | first | .glob?) as $glob
     | if $target then "\($name) lies under the target \($target) already"
       elif $glob then "\($ref | reference) is excluded by \($glob)"
       else null end;
@@ -300,9 +307,9 @@ work_lines() {
 # The copies of the Pods' records whose copy is the policy's own; a note for each that is not,
 # and for each record that is not well formed (one line for its Pod, none of it run).
 pod_copies() {
-  local settings=$1 documents=$2
+  local routing=$1 documents=$2
   [[ -n $documents ]] || return 0
-  jq -r --argjson settings "$settings" "$jq_routing"'
+  jq -r --argjson routing "$routing" "$jq_routing"'
     def where: "\(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
     def entry_problem:
       .key as $container | .value
@@ -364,10 +371,10 @@ pod_copies() {
 # The copies in the check policy's fail results, each checked as the Pods' are; a note for
 # each that is refused, and for each report or result that is not well formed.
 report_copies() {
-  local settings=$1 documents=$2 ids
+  local routing=$1 documents=$2 ids
   [[ -n $documents ]] || return 0
   ids=$(printf '%s\n' "${policies[@]}" | jq -R . | jq -s .)
-  jq -r --argjson settings "$settings" --argjson ids "$ids" "$jq_routing"'
+  jq -r --argjson routing "$routing" --argjson ids "$ids" "$jq_routing"'
     def where: "\(.kind? // "report" | tostring) \(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
     def copies($where):
       (.results // []) as $results
@@ -399,12 +406,13 @@ report_copies() {
 # The work list of the reports and the Pods' records: each line once, in order. The settings are
 # read only when there is something to check.
 work_list() {
-  local from_reports from_pods settings
+  local from_reports from_pods settings routing
   from_reports=$(read_reports) || exit 2
   from_pods=$(read_pods) || exit 2
   [[ -n $from_reports || -n $from_pods ]] || return 0
   settings=$(read_settings) || exit 2
-  { report_copies "$settings" "$from_reports" && pod_copies "$settings" "$from_pods"; } | unique_lines
+  routing=$(jq -c --argjson routing null "$jq_routing routing_of" <<<"$settings") || exit 2
+  { report_copies "$routing" "$from_reports" && pod_copies "$routing" "$from_pods"; } | unique_lines
 }
 
 # The work list of a --copies FILE: its "SOURCE DESTINATION" lines, each once; a note for any
