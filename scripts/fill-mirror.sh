@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Fills the mirror from Kubewarden's reports: takes the `fail` results of the checking policy,
-# finds the copies their messages give, removes duplicates, and runs them with skopeo. It ends
-# with one summary line, and exits 1 when a copy failed.
+# Fills the mirror from Kubewarden's reports and the swapping policy's records on Pods: finds
+# the copies they give, checks each against the swapping policy's settings, removes duplicates,
+# and runs them with skopeo. It ends with one summary line and an exit status an alert can
+# follow (below).
 #
 # The reports are Kubewarden's audit scanner's (kubewarden-controller internal/audit-scanner
 # report/openreports.go and policyreports.go): `openreports.io` Reports (the Helm chart's default)
-# and `wgpolicyk8s.io` PolicyReports, each with `.results[]` of {policy: "clusterwide-<name>" or
-# "namespaced-<namespace>-<name>", result: pass | fail | error, message, ...}. A copy is the form
-# the policy writes in a message, and nothing else is read from it:
+# and `wgpolicyk8s.io` PolicyReports, each with `.results[]` of {policy: the policy's unique id,
+# result: pass | fail | error, message, ...}. The id is `clusterwide-<name>` before Kubewarden
+# 1.37.2 and `kw.cap.<name>` from 1.37.2 on (`namespaced-<ns>-<name>` / `kw.ap.<ns>.<name>` for
+# an AdmissionPolicy). A copy is the form the policy writes in a message, and nothing else is
+# read from it:
 #   skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION
 # with both references in the reference grammar's characters ([A-Za-z0-9._:@/-]).
 #
@@ -19,29 +22,44 @@
 # It also reads the swapping policy's record on Pods it kept because the mirror lacked an image
 # (label image-swapper.kubewarden.io/unmirrored, annotation
 # image-swapper.kubewarden.io/unmirrored-images: per container, source, mirror and copy), so that
-# a new image is copied within this job's period, not the audit scanner's. Anyone who can write
-# a Pod's annotations could write such a record, so a Pod's copy is made only when it is the
-# policy's own: its source is what the container runs, and its destination is where the
-# swapping policy's settings route that source (the longest matching `source`, its first
-# target; else `defaultMirror`). Any other is refused with a note, and never run.
+# a new image is copied within this job's period, not the audit scanner's.
+#
+# Anyone who can write a Pod's annotations could write such a record, and anyone who can write
+# a report could write a result; neither may stop the run or steer a copy. So every copy is
+# checked against the swapping policy's settings before it is run: its destination is where the
+# settings route its source (the longest matching `source`, else `defaultMirror`; never an
+# image `exclude` matches, nor one already under a target), a copy by digest goes to the
+# digest's own tag (sha256-<hex>) and a copy by tag to the same tag; a Pod's copy must moreover
+# be the one the policy writes for what the container runs (its first target). A record or
+# report that is not well formed is skipped, and a copy that fails the checks is refused, each
+# with one line that names the Pod or the report and why; the run goes on.
 #
 # Usage:
-#   fill-mirror.sh [--policy NAME] [--reports FILE]... [--pods FILE]... [--settings FILE]
+#   fill-mirror.sh [--policy ID]... [--reports FILE]... [--pods FILE]... [--settings FILE]
 #                  [--swap-policy NAME] [--ecr] [--dry-run] [--insecure] [--signatures]
+#                  [--source-auth FILE]
 #       Reads the reports and the Pods' records (from FILEs, `kubectl get ... -o json` output;
 #       without --reports or --pods, both from the cluster with kubectl), then copies. Needs jq,
 #       skopeo, and kubectl without files.
 #   fill-mirror.sh --list [...]
-#       Prints the copies, one "SOURCE DESTINATION" a line (needs jq, and kubectl without files).
-#   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures]
+#       Prints the copies, one "SOURCE DESTINATION" a line, on stdout; the lines of what it
+#       skipped or refused go to stderr, then "fill-mirror: listed N copies, R refused" when
+#       there were any (needs jq, and kubectl without files).
+#   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures] [--source-auth FILE]
 #       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
 #       read the reports in one container and copy in another.
-# --policy defaults to clusterwide-image-swapper-check (a ClusterAdmissionPolicy named
-# image-swapper-check). The swapping policy's settings route the Pods' copies: --settings FILE
-# (its settings, or the policy object, as JSON), else from the cluster, the ClusterAdmissionPolicy
-# --swap-policy (default image-swapper). --insecure lets skopeo use plain HTTP and unverified
-# TLS. skopeo reads the mirror's push credentials from REGISTRY_AUTH_FILE (a docker
-# config.json).
+# --policy: the check policy's id in the reports' results; each --policy adds one, and without
+# it both ids of a ClusterAdmissionPolicy named image-swapper-check are read,
+# clusterwide-image-swapper-check (before 1.37.2) and kw.cap.image-swapper-check (1.37.2 on).
+# The swapping policy's settings route the copies, the reports' and the Pods': --settings FILE
+# (its settings, or the policy object, as JSON; needed with --reports or --pods), else from the
+# cluster, the ClusterAdmissionPolicy --swap-policy (default image-swapper). --insecure lets
+# skopeo use plain HTTP and unverified TLS. skopeo reads the mirror's push credentials, and any
+# source's, from REGISTRY_AUTH_FILE (a docker config.json).
+# --source-auth FILE (or FILL_SOURCE_AUTH_FILE): a docker config with the sources' credentials
+# (a mounted kubernetes.io/dockerconfigjson Secret), merged into REGISTRY_AUTH_FILE before
+# anything is copied: its `auths` entries are added, one per host, and the file's other
+# entries kept. An entry for a host the job logs in to with --ecr is replaced by that login.
 # --ecr: the mirror is Amazon ECR, which refuses a push to a repository that does not exist.
 # Each destination repository is created first when missing (`aws ecr create-repository`, with
 # the extra arguments in ECR_CREATE_REPOSITORY_ARGS, e.g. "--image-tag-mutability IMMUTABLE
@@ -49,10 +67,12 @@
 # registry with `aws ecr get-login-password` at every run, from the job's own AWS identity (IRSA
 # or EKS Pod Identity): no push Secret to renew. The region is the registry host's
 # (<account>.dkr.ecr.<region>.amazonaws.com), else AWS_REGION.
-#   fill-mirror.sh --ecr-prepare --copies FILE
+#   fill-mirror.sh --ecr-prepare --copies FILE [--source-auth FILE]
 #       The ECR part alone, for a container with the AWS CLI and no skopeo (the public AWS CLI
-#       image): creates the missing repositories of the copies in FILE and writes the push login
-#       to REGISTRY_AUTH_FILE, for a later `--copies FILE` run in the skopeo image.
+#       image): creates the missing repositories of the copies in FILE and merges the push
+#       login of each registry host into REGISTRY_AUTH_FILE, for a later `--copies FILE` run in
+#       the skopeo image. A repository it cannot create, or a host it cannot log in to, is
+#       named and left to the copies, which fail and say so: it exits 0 for them.
 # --signatures: with the swapping policy's `signatures`, also copy each image's cosign
 # signature: once the image is in the mirror (copied, or there already), the tag
 # sha256-<hex>.sig of its digest (the digest of the manifest the mirror now serves) is copied
@@ -60,9 +80,19 @@
 # does not. The policy swaps only to copies that verify, so without it a signed image is never
 # swapped until something else copies its signature. The policy's own signature copies (the
 # check role's findings, a record's signatureCopy) are made with or without it.
+#
+# The summary: "fill-mirror: C copied, F failed, S skipped, G gone, R refused". A copy whose
+# source registry answers that it has no such image (manifest or repository unknown) is "gone":
+# one line names it, and no run can copy it until someone pushes it again or the Pods that name
+# it change. The exit status:
+#   0  every copy was made or is there already, or its source is gone; skipped and refused
+#      records and report entries are counted in the summary and do not change it (anyone who
+#      can write a Pod could otherwise keep the job failing, and hide a real failure);
+#   1  a copy, an ECR login or an ECR repository failed: the next run tries again;
+#   2  the job could not run (arguments, kubectl, the settings, input that is not JSON).
 set -euo pipefail
 
-policy=clusterwide-image-swapper-check
+policies=()
 swap_policy=image-swapper
 settings_file=
 ecr=false
@@ -72,11 +102,12 @@ copies_file=
 mode=copy
 dry_run=false
 signatures=false
+source_auth=${FILL_SOURCE_AUTH_FILE:-}
 tls=()
 
 while (($#)); do
   case $1 in
-    --policy) policy=${2:?--policy needs a name}; shift 2 ;;
+    --policy) policies+=("${2:?--policy needs an id}"); shift 2 ;;
     --reports) reports+=("${2:?--reports needs a file}"); shift 2 ;;
     --pods) pods+=("${2:?--pods needs a file}"); shift 2 ;;
     --settings) settings_file=${2:?--settings needs a file}; shift 2 ;;
@@ -87,11 +118,13 @@ while (($#)); do
     --list) mode=list; shift ;;
     --dry-run) dry_run=true; shift ;;
     --signatures) signatures=true; shift ;;
+    --source-auth) source_auth=${2:?--source-auth needs a file}; shift 2 ;;
     --insecure) tls=(--tls-verify=false); shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "fill-mirror: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+((${#policies[@]})) || policies=(clusterwide-image-swapper-check kw.cap.image-swapper-check)
 
 # Each line once, in order (bash alone: the AWS CLI's image has no awk).
 unique_lines() {
@@ -142,12 +175,12 @@ read_pods() {
   kubectl_get pods --all-namespaces -l image-swapper.kubewarden.io/unmirrored=true || exit 2
 }
 
-# The swapping policy's settings, which route the Pods' copies.
+# The swapping policy's settings, which route every copy.
 read_settings() {
   local settings
-  settings=$(read_settings_document)
+  settings=$(read_settings_document) || exit 2
   if ! jq -e 'type == "object" and ((.mirrors | type) == "array" or (.defaultMirror | type) == "object")' \
-      <<<"$settings" >/dev/null; then
+      <<<"$settings" >/dev/null 2>&1; then
     echo "fill-mirror: the swapping policy's settings have neither mirrors nor defaultMirror: $settings" >&2
     exit 2
   fi
@@ -156,111 +189,353 @@ read_settings() {
 
 read_settings_document() {
   if [[ -n $settings_file ]]; then
-    jq 'if has("spec") then .spec.settings else . end' "$settings_file"
+    jq 'if type == "object" and has("spec") then .spec.settings else . end' "$settings_file" || {
+      echo "fill-mirror: --settings $settings_file is not JSON" >&2
+      exit 2
+    }
   elif $from_files; then
-    echo "fill-mirror: --pods needs --settings (the swapping policy's settings) to check its copies" >&2
+    echo "fill-mirror: --reports and --pods need --settings (the swapping policy's settings) to check their copies" >&2
     exit 2
   else
-    kubectl_get clusteradmissionpolicies.policies.kubewarden.io "$swap_policy" | jq '.spec.settings' || exit 2
+    local policy
+    policy=$(kubectl_get clusteradmissionpolicies.policies.kubewarden.io "$swap_policy") || exit 2
+    jq '.spec.settings' <<<"$policy"
   fi
 }
 
-# "SOURCE DESTINATION" for every Pod record whose copy is the policy's own; a note on stderr for
-# each that is not. The reference rules are the container runtimes' (docker.io, library/,
-# :latest), as the policy normalises them.
-pod_copies() {
-  local documents settings
-  documents=$(read_pods)
-  [[ -n $documents ]] || return 0
-  settings=$(read_settings)
-  jq -r --argjson settings "$settings" '
-    def normal:
-      (split("@")) as $at | $at[0] as $named | ($at[1] // null) as $digest
-      | ($named | split("/")) as $segments
-      | (if ($segments | length) > 1 and ($segments[0] | test("[.:]") or . == "localhost")
-         then $named else "docker.io/" + $named end)
-      | (if startswith("docker.io/") and (split("/") | length) == 2
-         then "docker.io/library/" + .[10:] else . end)
-      | split("/") as $s | ($s[-1] | split(":")) as $last
-      | {name: (($s[:-1] + [$last[0]]) | join("/")), tag: $last[1], digest: $digest};
-    def segments_under($prefix): . == $prefix or startswith($prefix + "/");
-    def route($name):
-      ([$settings.mirrors[]? | {source, target: (.target // .targets[0].target)}
-        | select(.source != null and .target != null) | .source as $source
-        | select($name | segments_under($source))]
-       | max_by(.source | length)) as $rule
-      | if $rule then $rule.target + $name[($rule.source | length):]
-        else ($settings.defaultMirror // {}) as $d | ($d.registry // $d.registries[0]?) as $r
-          | if $r and ($name | split("/")[0]) != ($r | split("/")[0])
-            then $r + "/" + $name else null end
-        end;
-    (if type == "object" and has("items") then .items[] else . end)
-    | . as $pod
-    | ([.spec.containers[]?, .spec.initContainers[]?, .spec.ephemeralContainers[]?]
-       | map({(.name): .image}) | add // {}) as $running
-    | (.metadata.annotations["image-swapper.kubewarden.io/unmirrored-images"] // "{}"
-       | try fromjson catch {}) | to_entries[]
-    | .key as $container | .value as $entry
-    | ($entry.copy // "" | capture("^skopeo copy --all --preserve-digests docker://(?<source>[A-Za-z0-9._:@/-]+) docker://(?<destination>[A-Za-z0-9._:@/-]+)$")
-       // null) as $copy
-    | ($running[$container] // null) as $image
-    | ($image | if . then normal else null end) as $ref
-    | (if $ref then route($ref.name) else null end) as $repository
-    | (if $ref == null or $repository == null then null
-       elif $ref.digest then [$ref.name + "@" + $ref.digest,
-                              $repository + ":" + ($ref.digest | sub(":"; "-"))]
-       else [$ref.name + ":" + ($ref.tag // "latest"), $repository + ":" + ($ref.tag // "latest")] end) as $expected
-    | if $copy and $image == $entry.source and $expected == [$copy.source, $copy.destination]
-      then "\($copy.source) \($copy.destination)",
-        # With signatures: the cosign signature tag of the digest of the image, from the source
-        # repository to the mirror repository the image routes to, and nothing else.
-        (($entry.signatureCopy // "" | capture("^skopeo copy --all --preserve-digests docker://(?<source>[A-Za-z0-9._:@/-]+) docker://(?<destination>[A-Za-z0-9._:@/-]+)$")
-          // null) as $signature
-         | "[:]sha256-[0-9a-f]{64}[.]sig$" as $tag
-         | if $signature == null then empty
-           elif ($signature.source | test($tag)) and ($signature.destination | test($tag))
-             and ($signature.source | sub($tag; "")) == $ref.name
-             and ($signature.destination | sub($tag; "")) == $repository
-             and ($signature.source | split(":") | last) == ($signature.destination | split(":") | last)
-           then "\($signature.source) \($signature.destination)"
-           else "refused \($pod.metadata.namespace // "")/\($pod.metadata.name // "") container \($container): its signature copy is not the policy\u0027s own (\($entry.signatureCopy))" end)
-      else "refused \($pod.metadata.namespace // "")/\($pod.metadata.name // "") container \($container): its record is not the policy\u0027s own (\($entry.copy // "no copy"))" end
-  ' <<<"$documents" | while read -r line; do
-    if [[ $line == refused\ * ]]; then
-      echo "fill-mirror: ${line}, not run" >&2
-    else
-      echo "$line"
+# The policy's reference rules and routing, in jq, for checking copies against the swapping
+# policy's settings as the policy routes (src/rules.rs): the container runtimes' normalisation
+# (docker.io, library/, :latest), `exclude` globs on the normalised reference, an image already
+# under a target left alone, the longest matching `mirrors` source (all its targets), else
+# `defaultMirror`'s registries. The settings are read once into $routing (routing_of). Every
+# definition reads any JSON without an error.
+jq_routing='
+  # A note is one line, whatever the data it quotes holds.
+  def one_line: gsub("[[:cntrl:]]"; "?");
+  def a_type: type | if . == "array" or . == "object" then "an " + . else "a " + . end;
+  # What a value is, and the value itself (its start): "a number (1)".
+  def quoted: "\(a_type) (\(tojson | if length > 80 then .[0:80] + "..." else . end))";
+  def copy_form: "skopeo copy --all --preserve-digests docker://(?<source>[A-Za-z0-9._:@/-]+) docker://(?<destination>[A-Za-z0-9._:@/-]+)";
+  def normal:
+    (split("@")) as $at | $at[0] as $named | ($at[1] // null) as $digest
+    | ($named | split("/")) as $segments
+    | (if ($segments | length) > 1 and ($segments[0] | test("[.:]") or . == "localhost")
+       then $named else "docker.io/" + $named end)
+    | (if startswith("index.docker.io/") then "docker.io/" + .[16:] else . end)
+    | (if startswith("docker.io/") and (split("/") | length) == 2
+       then "docker.io/library/" + .[10:] else . end)
+    | split("/") as $s | ($s[-1] | split(":")) as $last
+    | {name: (($s[:-1] + [$last[0]]) | join("/")), tag: $last[1], digest: $digest,
+       ats: (($at | length) - 1)};
+  def reference: .name + (if .tag then ":" + .tag elif .digest then "" else ":latest" end)
+    + (if .digest then "@" + .digest else "" end);
+  def segments_under($prefix): . == $prefix or startswith($prefix + "/");
+  def glob_regex: "\\A" + (split("") | map(if . == "*" then ".*" elif . == "?" then "."
+    elif test("[A-Za-z0-9]") then . else "\\" + . end) | join("")) + "\\z";
+  # The settings (its input) as routing reads them: made once, then $routing for every copy.
+  def routing_of:
+    . as $settings
+    | [$settings.mirrors[]? | objects | select((.source | type) == "string")
+     | {source, targets: [.target, (.targets[]? | objects | .target)] | map(strings)}
+     | select(.targets | length > 0)] as $rules
+    | ($settings.defaultMirror | objects // {} | [.registry, (.registries[]?)] | map(strings)) as $defaults
+    | {rules: $rules, defaults: $defaults, targets: ([$rules[].targets[]] + $defaults),
+       exclude: [$settings.exclude[]? | strings | {glob: ., regex: glob_regex}]};
+  def rules: $routing.rules;
+  def default_registries: $routing.defaults;
+  def every_target: $routing.targets;
+  # Why the settings route no copy of $ref, or null.
+  def unrouted($ref):
+    ($ref.name) as $name
+    | ([every_target[] | select(. as $t | $name | segments_under($t))] | first) as $target
+    | ([$routing.exclude[] | select(.regex as $regex | [$ref | reference,
+          ($ref.tag // "" | capture("\\Asha256-(?<hex>[0-9a-f]{64})[.]sig\\z")
+           | "\($name)@sha256:\(.hex)")] | any(test($regex)))] | first | .glob?) as $glob
+    | if $target then "\($name) lies under the target \($target) already"
+      elif $glob then "\($ref | reference) is excluded by \($glob)"
+      else null end;
+  # The mirror repositories the settings route $ref to, the first target first; [] for none.
+  def repositories($ref):
+    ($ref.name) as $name
+    | if unrouted($ref) then []
+      else (rules | map(select(.source as $source | $name | segments_under($source)))
+            | max_by(.source | length)) as $rule
+        | if $rule then [$rule.targets[] + $name[($rule.source | length):]]
+          else default_registries as $registries
+            | if ($registries | length) > 0 and ($name | split("/")[0]) != ($registries[0] | split("/")[0])
+              then [$registries[] + "/" + $name] else [] end
+          end
+      end;
+  def route($ref): repositories($ref)[0];
+  # Why the copy from $source to $destination is not one the policy writes, or null: its
+  # destination is where the settings route its source, at the own tag of the digest of a copy by
+  # digest, or the same tag of a copy by tag (a signature tag included).
+  def copy_problem($source; $destination):
+    ($source | normal) as $ref
+    | ($destination | split("/")) as $parts | ($parts[-1] | split(":")) as $last
+    | (($parts[:-1] + [$last[0]]) | join("/")) as $repository | ($last[1] // null) as $tag
+    | repositories($ref) as $repositories
+    | ($ref.tag // "latest") as $source_tag
+    | if $ref.ats > 1 or ($ref.digest != null and ($ref.digest | test("\\A[a-z0-9]+:[a-f0-9]{32,}\\z") | not))
+      then "its source \($source) is not an image reference"
+      elif ($destination | test("@")) or ($last | length) != 2
+      then "its destination \($destination) is not a repository and a tag"
+      elif ($repositories | length) == 0
+      then (unrouted($ref) // "no rule of the settings routes \($ref.name)")
+      elif ($repositories | index([$repository])) == null
+      then "the settings route \($ref.name) to \($repositories | join(" or ")), not \($repository)"
+      elif $ref.digest and $tag != ($ref.digest | sub(":"; "-"))
+      then "a copy by digest goes to the digest\u0027s own tag \($ref.digest | sub(":"; "-")), not \($tag)"
+      elif ($ref.digest | not) and $tag != $source_tag
+      then "a copy by tag goes to the same tag \($source_tag), not \($tag)"
+      else null end;
+'
+
+# Lines of the work list: "SOURCE DESTINATION" for each copy, "! NOTE" for each record, report
+# or copy skipped or refused, from jq's lines ("copy S D", or a note).
+work_lines() {
+  local line
+  while IFS= read -r line; do
+    if [[ $line =~ ^copy\ ([A-Za-z0-9._:@/-]+\ [A-Za-z0-9._:@/-]+)$ ]]; then
+      printf '%s\n' "${BASH_REMATCH[1]}"
+    elif [[ -n $line ]]; then
+      printf '! %s\n' "$line"
     fi
   done
 }
 
-# "SOURCE DESTINATION" for every copy in this policy's fail results and the Pods' records,
-# each once, in order.
-list_copies() {
-  { report_copies; pod_copies; } | unique_lines
+# The copies of the Pods' records whose copy is the policy's own; a note for each that is not,
+# and for each record that is not well formed (one line for its Pod, none of it run).
+pod_copies() {
+  local routing=$1 documents=$2
+  [[ -n $documents ]] || return 0
+  jq -r --argjson routing "$routing" "$jq_routing"'
+    def where: "\(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
+    def entry_problem:
+      .key as $container | .value
+      | if type != "object" then "container \($container | tojson) is \(quoted), not an object with source and copy"
+        elif (.source | type) != "string" then "container \($container | tojson): source is \(.source | quoted), not a string"
+        elif (.copy | type) != "string" then "container \($container | tojson): copy is \(.copy | quoted), not a string"
+        elif has("signatureCopy") and (.signatureCopy | type) != "string"
+        then "container \($container | tojson): signatureCopy is \(.signatureCopy | quoted), not a string"
+        else empty end;
+    def own_copies:
+      . as $pod
+      | ([.spec.containers[]?, .spec.initContainers[]?, .spec.ephemeralContainers[]?]
+         | map(objects | select((.name | type) == "string") | {(.name): .image}) | add // {}) as $running
+      | .metadata.annotations["image-swapper.kubewarden.io/unmirrored-images"] as $text
+      | ($text | try fromjson catch null) as $record
+      | if ($record | type) != "object"
+        then "skipped \($pod | where): its record is not a JSON object (\($text | tostring | .[0:120] | tojson)), none of it run"
+        elif ([$record | to_entries[] | entry_problem] | length) > 0
+        then "skipped \($pod | where): its record is not well formed (\([$record | to_entries[] | entry_problem] | first)), none of it run"
+        else $record | to_entries[]
+        | .key as $container | .value as $entry
+        | ($entry.copy | capture("\\A" + copy_form + "\\z") // null) as $copy
+        | ($running[$container] // null) as $image
+        | ($image | if type == "string" then normal else null end) as $ref
+        | (if $ref then route($ref) else null end) as $repository
+        | (if $ref == null or $repository == null then null
+           elif $ref.digest then [$ref.name + "@" + $ref.digest,
+                                  $repository + ":" + ($ref.digest | sub(":"; "-"))]
+           else [$ref.name + ":" + ($ref.tag // "latest"), $repository + ":" + ($ref.tag // "latest")] end) as $expected
+        | if $copy and $image == $entry.source and $expected == [$copy.source, $copy.destination]
+          then "copy \($copy.source) \($copy.destination)",
+            # With signatures: the cosign signature tag of the digest of the image, from the
+            # source repository to the mirror repository the image routes to, and nothing else.
+            (($entry.signatureCopy // "" | capture("\\A" + copy_form + "\\z") // null) as $signature
+             | "[:]sha256-[0-9a-f]{64}[.]sig\\z" as $tag
+             | if $signature == null then empty
+               elif ($signature.source | test($tag)) and ($signature.destination | test($tag))
+                 and ($signature.source | sub($tag; "")) == $ref.name
+                 and ($signature.destination | sub($tag; "")) == $repository
+                 and ($signature.source | split(":") | last) == ($signature.destination | split(":") | last)
+               then "copy \($signature.source) \($signature.destination)"
+               else "refused \($pod | where) container \($container): its signature copy is not the policy\u0027s own (\($entry.signatureCopy)), not run" end)
+          else "refused \($pod | where) container \($container): its record is not the policy\u0027s own (\($entry.copy)), not run" end
+        end;
+    (if type == "object" and has("items") then .items[] else . end)
+    | . as $pod
+    | (try ($pod | where) catch "?/?") as $where
+    | if ($pod | type) != "object" then "skipped a Pod that is not an object (\($pod | tojson | .[0:120])), not read"
+      elif ($pod.metadata.annotations?["image-swapper.kubewarden.io/unmirrored-images"]? // null) == null then empty
+      else (try [$pod | own_copies] catch ["skipped \($where): its record could not be read (\(.)), none of it run"]) | .[]
+      end
+    | if startswith("copy ") then . else one_line end
+  ' <<<"$documents" | work_lines || {
+    echo "fill-mirror: the Pods are not JSON (kubectl get pods -o json output)" >&2
+    exit 2
+  }
 }
 
+# The copies in the check policy's fail results, each checked as the Pods' are; a note for
+# each that is refused, and for each report or result that is not well formed.
 report_copies() {
-  local messages
-  messages=$(read_reports |
-    jq -r --arg policy "$policy" '
-      (if type == "object" and has("items") then .items[] else . end)
-      | .results[]?
-      | select(.policy == $policy and .result == "fail")
-      | .message // empty')
-  { grep -oE 'skopeo copy --all --preserve-digests docker://[A-Za-z0-9._:@/-]+ docker://[A-Za-z0-9._:@/-]+' <<<"$messages" || true; } |
-    sed -E 's|^skopeo copy --all --preserve-digests docker://([^ ]+) docker://([^ ]+)$|\1 \2|'
+  local routing=$1 documents=$2 ids
+  [[ -n $documents ]] || return 0
+  ids=$(printf '%s\n' "${policies[@]}" | jq -R . | jq -s .)
+  jq -r --argjson routing "$routing" --argjson ids "$ids" "$jq_routing"'
+    def where: "\(.kind? // "report" | tostring) \(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
+    def copies($where):
+      (.results // []) as $results
+      | if ($results | type) != "array" then "skipped \($where): its results are \($results | quoted), not a list, not read"
+        else $results | to_entries[] | .key as $i | .value
+        | if type != "object" then "skipped \($where): results[\($i)] is \(quoted), not an object, not read"
+          elif (.policy as $id | $ids | index([$id])) == null or .result != "fail" then empty
+          elif (.message | type) != "string"
+          then "skipped \($where): results[\($i)] of \(.policy): message is \(.message | quoted), not a string, not read"
+          else .policy as $id | .message | [scan(copy_form)][] as [$source, $destination]
+            | copy_problem($source; $destination) as $problem
+            | if $problem == null then "copy \($source) \($destination)"
+              else "refused \($where) results[\($i)] of \($id): its copy docker://\($source) docker://\($destination) is not the policy\u0027s own: \($problem), not run" end
+          end
+        end;
+    (if type == "object" and has("items") then .items[] else . end)
+    | . as $report
+    | if type != "object" then "skipped a report that is not an object (\(tojson | .[0:120])), not read"
+      else (try ($report | where) catch "report ?/?") as $where
+        | (try [$report | copies($where)] catch ["skipped \($where): it could not be read (\(.))"]) | .[]
+      end
+    | if startswith("copy ") then . else one_line end
+  ' <<<"$documents" | work_lines || {
+    echo "fill-mirror: the reports are not JSON (kubectl get reports -o json output)" >&2
+    exit 2
+  }
 }
 
-if [[ $mode == list ]]; then
-  list_copies
-  exit 0
-fi
+# The work list of the reports and the Pods' records: each line once, in order. The settings are
+# read only when there is something to check.
+work_list() {
+  local from_reports from_pods settings routing
+  from_reports=$(read_reports) || exit 2
+  from_pods=$(read_pods) || exit 2
+  [[ -n $from_reports || -n $from_pods ]] || return 0
+  settings=$(read_settings) || exit 2
+  routing=$(jq -c --argjson routing null "$jq_routing routing_of" <<<"$settings") || exit 2
+  { report_copies "$routing" "$from_reports" && pod_copies "$routing" "$from_pods"; } | unique_lines
+}
+
+# The work list of a --copies FILE: its "SOURCE DESTINATION" lines, each once; a note for any
+# other line.
+copies_from_file() {
+  local line n=0
+  while IFS= read -r line || [[ -n $line ]]; do
+    n=$((n + 1))
+    [[ -n $line ]] || continue
+    if [[ $line =~ ^[A-Za-z0-9._:@/-]+\ [A-Za-z0-9._:@/-]+$ ]]; then
+      printf '%s\n' "$line"
+    else
+      printf '! skipped line %d of %s: not "SOURCE DESTINATION" (%.120s), not run\n' "$n" "$1" "$line"
+    fi
+  done <"$1" | unique_lines
+}
 
 if [[ -n $copies_file ]]; then
-  copies=$(unique_lines <"$copies_file")
+  if [[ ! -r $copies_file ]]; then
+    echo "fill-mirror: --copies $copies_file cannot be read" >&2
+    exit 2
+  fi
+  work=$(copies_from_file "$copies_file")
 else
-  copies=$(list_copies)
+  work=$(work_list)
+fi
+
+# The copies, and the notes printed (on stderr) and counted.
+copies= refused=0
+while IFS= read -r line; do
+  if [[ $line == '! '* ]]; then
+    echo "fill-mirror: ${line#! }" >&2
+    refused=$((refused + 1))
+  elif [[ -n $line ]]; then
+    copies+=$line$'\n'
+  fi
+done <<<"${work:-}"
+
+if [[ $mode == list ]]; then
+  printf '%s' "$copies"
+  # The copying step (--copies) cannot see these: count them here, in this step's log.
+  if ((refused > 0)); then
+    echo "fill-mirror: listed $(grep -c . <<<"$copies" || true) copies, $refused refused" >&2
+  fi
+  exit 0
+fi
+if [[ $mode == ecr-prepare && -z ${REGISTRY_AUTH_FILE:-} ]]; then
+  echo "fill-mirror: --ecr-prepare writes the logins to REGISTRY_AUTH_FILE, which is not set" >&2
+  exit 2
+fi
+
+# Docker configs in bash alone (the AWS CLI's image has neither jq nor skopeo). The members of
+# the JSON object on stdin, one "KEY<TAB>VALUE" line each, VALUE in compact JSON: grep -o cuts
+# it into tokens (strings whole, with their escapes; punctuation; literals), and only the
+# nesting depth is followed.
+json_members() {
+  local token depth=0 key= value=
+  while IFS= read -r token; do
+    case $token in
+      '{' | '[')
+        depth=$((depth + 1))
+        ((depth > 1)) || { [[ $token == '{' ]] || return 0; continue; }
+        ;;
+      '}' | ']') depth=$((depth - 1)) ;;
+    esac
+    if ((depth <= 0)); then
+      [[ -z $key ]] || printf '%s\t%s\n' "$key" "$value"
+      return 0
+    elif ((depth == 1)); then
+      case $token in
+        ,) [[ -z $key ]] || printf '%s\t%s\n' "$key" "$value"; key= value= ;;
+        :) ;;
+        *) if [[ -z $key ]]; then key=$token; else value+=$token; fi ;;
+      esac
+    else
+      value+=$token
+    fi
+  done < <(grep -oE '"([^"\\]|\\.)*"|[][{}:,]|[^][{}:,"[:space:]]+')
+}
+
+# The `auths` entries of the docker config $1 (none when it is missing or empty).
+auth_entries() {
+  local key value
+  [[ -s $1 ]] || return 0
+  while IFS=$'\t' read -r key value; do
+    [[ $key != '"auths"' ]] || json_members <<<"$value"
+  done < <(json_members <"$1")
+}
+
+# Writes REGISTRY_AUTH_FILE as the `auths` of the docker configs named, then the "KEY<TAB>VALUE"
+# lines on stdin (fresh logins): one entry per host, a later one replacing an earlier.
+merge_auth_file() {
+  local file=$REGISTRY_AUTH_FILE config key value tmp entries=() order=()
+  local -A values=()
+  for config in "$@"; do
+    while IFS=$'\t' read -r key value; do
+      [[ -n ${values[$key]+set} ]] || order+=("$key")
+      values[$key]=$value
+    done < <(auth_entries "$config")
+  done
+  while IFS=$'\t' read -r key value; do
+    [[ -n $key ]] || continue
+    [[ -n ${values[$key]+set} ]] || order+=("$key")
+    values[$key]=$value
+  done
+  for key in "${order[@]}"; do entries+=("$key:${values[$key]}"); done
+  tmp=$(mktemp "$file.XXXXXX") || return 1
+  (IFS=,; printf '{"auths":{%s}}\n' "${entries[*]}") >"$tmp" && mv "$tmp" "$file" || {
+    rm -f "$tmp"
+    return 1
+  }
+}
+
+if [[ -n $source_auth ]] && ! $dry_run; then
+  : "${REGISTRY_AUTH_FILE:?--source-auth merges into REGISTRY_AUTH_FILE}"
+  if [[ ! -r $source_auth ]]; then
+    echo "fill-mirror: --source-auth $source_auth cannot be read" >&2
+    exit 2
+  fi
+  if ! merge_auth_file "$REGISTRY_AUTH_FILE" "$source_auth" </dev/null; then
+    echo "fill-mirror: --source-auth: cannot write REGISTRY_AUTH_FILE $REGISTRY_AUTH_FILE (it must be writable)" >&2
+    exit 2
+  fi
 fi
 
 # ECR: the region of a registry host, and a login per destination registry, from the job's own
@@ -272,8 +547,8 @@ ecr_region() {
     echo "${AWS_REGION:-${AWS_DEFAULT_REGION:?--ecr needs AWS_REGION for $1}}"
   fi
 }
-# The push login for an ECR registry host, in REGISTRY_AUTH_FILE: with skopeo when there is one,
-# else written as a docker config (the AWS CLI's image has no skopeo).
+# The push login for an ECR registry host, in REGISTRY_AUTH_FILE beside its other entries: with
+# skopeo when there is one, else merged by hand (the AWS CLI's image has no skopeo).
 ecr_login() {
   local host=$1 password
   password=$(aws ecr get-login-password --region "$(ecr_region "$host")") || return 1
@@ -281,15 +556,15 @@ ecr_login() {
     skopeo login --username AWS --password-stdin "${tls[@]}" "$host" <<<"$password" >/dev/null
   else
     : "${REGISTRY_AUTH_FILE:?--ecr-prepare writes the login to REGISTRY_AUTH_FILE}"
-    printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$host" "$(printf 'AWS:%s' "$password" | base64 -w0)" \
-      >"$REGISTRY_AUTH_FILE"
+    printf '"%s"\t{"auth":"%s"}\n' "$host" "$(printf 'AWS:%s' "$password" | base64 -w0)" |
+      merge_auth_file "$REGISTRY_AUTH_FILE"
   fi
 }
 ecr_failed=()
 if $ecr && ! $dry_run; then
-  for host in $(while read -r _ destination; do echo "${destination%%/*}"; done <<<"$copies" | sort -u); do
+  for host in $(while read -r _ destination; do [[ -z ${destination:-} ]] || echo "${destination%%/*}"; done <<<"$copies" | sort -u); do
     if ! ecr_login "$host"; then
-      echo "fill-mirror: could not log in to $host with aws ecr get-login-password" >&2
+      echo "fill-mirror: could not log in to $host with aws ecr get-login-password; its copies will fail" >&2
       ecr_failed+=("$host")
     fi
   done
@@ -307,20 +582,21 @@ ecr_repository() {
       --repository-name "$repository" ${ECR_CREATE_REPOSITORY_ARGS:-} 2>&1); then
     echo "created ECR repository $repository"
   elif ! grep -q RepositoryAlreadyExistsException <<<"$output"; then
-    echo "fill-mirror: aws ecr create-repository $repository: $(tail -n 1 <<<"$output")" >&2
+    echo "fill-mirror: aws ecr create-repository $repository: $(grep . <<<"$output" | tail -n 1)" >&2
     return 1
   fi
 }
 
 if [[ $mode == ecr-prepare ]]; then
-  prepared=0
+  prepared=0 unprepared=0
   while read -r _ destination; do
     [[ -n ${destination:-} ]] || continue
-    ecr_repository "$destination" || ecr_failed+=("$destination")
+    ecr_repository "$destination" || unprepared=$((unprepared + 1))
     prepared=$((prepared + 1))
   done <<<"$copies"
-  echo "fill-mirror: ECR prepared for $prepared copies, ${#ecr_failed[@]} failed"
-  exit $((${#ecr_failed[@]} > 0))
+  # What failed here fails its copy in the next step, which names it; this step never stops it.
+  echo "fill-mirror: ECR prepared for $prepared copies, $((unprepared + ${#ecr_failed[@]})) failed"
+  exit 0
 fi
 
 # `name` of `name:tag` or `name@digest`: a tag follows the last `:` after the last `/`.
@@ -328,6 +604,18 @@ repository_of() {
   local name=${1%@*}
   if [[ ${name##*/} == *:* ]]; then name=${name%:*}; fi
   echo "$name"
+}
+
+# Whether the source registry says it has no such image (manifest or repository unknown): the
+# copy cannot succeed until someone pushes it again. Anything else (refused credentials, an
+# unreachable registry) may pass.
+# It prints the registry's words for it.
+source_gone() {
+  local output
+  if output=$(skopeo inspect --raw "${tls[@]}" "docker://$1" 2>&1 >/dev/null); then
+    return 1
+  fi
+  grep -oiE -m 1 'manifest unknown|name unknown|repository name not known' <<<"$output" | head -n 1 | grep .
 }
 
 # With --signatures: the cosign signature of the image now at docker://$2, from $1's repository.
@@ -353,12 +641,12 @@ copy_signature() {
     echo "copied docker://$from to docker://$to"
     copied=$((copied + 1))
   else
-    echo "failed docker://$from to docker://$to: $(tail -n 1 <<<"$output")"
+    echo "failed docker://$from to docker://$to: $(grep . <<<"$output" | tail -n 1)"
     failed=$((failed + 1))
   fi
 }
 
-copied=0 failed=0 skipped=0
+copied=0 failed=0 skipped=0 gone=0
 while read -r source destination; do
   [[ -n ${source:-} && -n ${destination:-} ]] || continue
   if $dry_run; then
@@ -382,8 +670,11 @@ while read -r source destination; do
     echo "copied docker://$source to docker://$destination"
     copied=$((copied + 1))
     if $signatures; then copy_signature "$source" "$destination"; fi
+  elif answer=$(source_gone "$source"); then
+    echo "gone docker://$source: its registry has no such image ($answer), nothing to copy to docker://$destination"
+    gone=$((gone + 1))
   else
-    echo "failed docker://$source to docker://$destination: $(tail -n 1 <<<"$output")"
+    echo "failed docker://$source to docker://$destination: $(grep . <<<"$output" | tail -n 1)"
     failed=$((failed + 1))
   fi
 done <<<"$copies"
@@ -392,5 +683,6 @@ if $dry_run; then
   echo "fill-mirror: dry run, $(grep -c . <<<"$copies" || true) copies, none made"
   exit 0
 fi
-echo "fill-mirror: $copied copied, $failed failed, $skipped skipped"
-((failed == 0 && ${#ecr_failed[@]} == 0))
+echo "fill-mirror: $copied copied, $failed failed, $skipped skipped, $gone gone, $refused refused"
+if ((failed > 0 || ${#ecr_failed[@]} > 0)); then exit 1; fi
+exit 0

@@ -2,8 +2,9 @@
 //! built module, real registries), written into reports in the exact shape Kubewarden's audit
 //! scanner writes them (kubewarden-controller `internal/audit-scanner/report/openreports.go`
 //! and `policyreports.go`: one report per Pod, `.results[]` with `source`, `policy`
-//! (`clusterwide-<name>`), `result`, `message`, ...), and the shipped `scripts/fill-mirror.sh`
-//! run on them with Debian's `skopeo` and `jq`.
+//! (`clusterwide-<name>` before Kubewarden 1.37.2, `kw.cap.<name>` from it on), `result`,
+//! `message`, ...), and the shipped `scripts/fill-mirror.sh` run on them with Debian's `skopeo`
+//! and `jq`.
 
 mod rig;
 
@@ -71,7 +72,7 @@ fn result(policy: &str, response: &Response) -> Value {
         "resourceSelector": {},
         "properties": {
             "validating": "true",
-            "policy-name": policy.trim_start_matches("clusterwide-"),
+            "policy-name": policy.trim_start_matches("clusterwide-").trim_start_matches("kw.cap."),
             "policy-resource-version": "81723",
             "policy-uid": "0a4f8d2c-5b1e-4e7a-9c3d-7f6e5d4c3b2a",
         },
@@ -119,6 +120,12 @@ fn write(dir: &Path, name: &str, value: &Value) -> PathBuf {
 
 /// Runs the shipped script: its exit status and what it printed.
 fn fill(reports: &[&Path], extra: &[&str]) -> (bool, String) {
+    let (code, text) = fill_code(reports, extra);
+    (code == Some(0), text)
+}
+
+/// The same, with the exit code itself.
+fn fill_code(reports: &[&Path], extra: &[&str]) -> (Option<i32>, String) {
     let mut command = Command::new(rig::root().join("scripts/fill-mirror.sh"));
     command.arg("--insecure").args(extra);
     for path in reports {
@@ -130,7 +137,16 @@ fn fill(reports: &[&Path], extra: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    (output.status.success(), text)
+    (output.status.code(), text)
+}
+
+/// `--settings FILE` with `settings` written in `dir`: the routing every copy is checked against.
+fn with_settings(dir: &Path, settings: &Value) -> [String; 2] {
+    let path = write(dir, "settings.json", settings);
+    [
+        "--settings".to_string(),
+        path.to_string_lossy().into_owned(),
+    ]
 }
 
 /// The whole loop. Pod A was swapped to `app:1.0@OLD`; then a sync moved the mirror's `app:1.0`
@@ -244,6 +260,9 @@ fn the_fill_job_copies_what_the_reports_name_and_moves_no_tag() {
         policyreports.as_path(),
         single.as_path(),
     ];
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let routed = [flag.as_str(), settings.as_str()];
+    let fill = |reports: &[&Path], extra: &[&str]| fill(reports, &[&routed[..], extra].concat());
 
     let (ok, listed) = fill(&reports, &["--list"]);
     assert!(ok, "{listed}");
@@ -263,14 +282,14 @@ fn the_fill_job_copies_what_the_reports_name_and_moves_no_tag() {
     assert_eq!(mirror.digest_of("hub/app", &own_tag), None);
 
     let (ok, text) = fill(&reports, &[]);
-    assert!(!ok, "a failed copy fails the job: {text}");
+    assert!(ok, "a source gone for good does not fail the job: {text}");
     assert!(
-        text.ends_with("fill-mirror: 2 copied, 1 failed, 0 skipped\n"),
+        text.ends_with("fill-mirror: 2 copied, 0 failed, 0 skipped, 1 gone, 0 refused\n"),
         "{text}"
     );
     assert!(
         text.contains(&format!(
-            "failed docker://{}",
+            "gone docker://{}: its registry has no such image",
             cluster.source_image("gone:1")
         )),
         "{text}"
@@ -296,9 +315,9 @@ fn the_fill_job_copies_what_the_reports_name_and_moves_no_tag() {
     assert_eq!(passed, [true, true, true, true, false], "{second:#?}");
 
     // The same reports again: what exists now is skipped, never copied over.
-    let (_, again) = fill(&reports, &[]);
+    let (ok, again) = fill(&reports, &[]);
     assert!(
-        again.ends_with("fill-mirror: 0 copied, 1 failed, 2 skipped\n"),
+        ok && again.ends_with("fill-mirror: 0 copied, 0 failed, 2 skipped, 1 gone, 0 refused\n"),
         "{again}"
     );
 }
@@ -316,13 +335,14 @@ fn a_list_of_copies_is_copied_by_itself() {
         "r.json",
         &list(vec![report("Report", 1, vec![result(POLICY, &finding)])]),
     );
-    let (ok, listed) = fill(&[&reports], &["--list"]);
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let (ok, listed) = fill(&[&reports], &["--list", &flag, &settings]);
     assert!(ok, "{listed}");
     let copies = dir.join("copies.txt");
     std::fs::write(&copies, &listed).expect("copies");
     let (ok, text) = fill(&[], &["--copies", copies.to_str().expect("path")]);
     assert!(
-        ok && text.ends_with("fill-mirror: 1 copied, 0 failed, 0 skipped\n"),
+        ok && text.ends_with("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused\n"),
         "{text}"
     );
     assert!(cluster.mirror.digest_of("hub/web", "2").is_some());
@@ -385,7 +405,8 @@ fn a_finding_beside_an_unchecked_image_is_a_fail_whose_copy_the_fill_job_makes()
         "reports.json",
         &list(vec![report("Report", 7, vec![result(POLICY, &response)])]),
     );
-    let (ok, printed) = fill(&[&reports], &["--list"]);
+    let [flag, settings] = with_settings(&dir, &settings);
+    let (ok, printed) = fill(&[&reports], &["--list", &flag, &settings]);
     assert!(ok, "{printed}");
     assert_eq!(
         printed.trim(),
@@ -468,7 +489,7 @@ fn the_fill_job_copies_what_the_pods_records_name_once_and_refuses_a_record_not_
     let job = job.elapsed();
     assert!(ok, "{printed}");
     assert!(
-        printed.contains("fill-mirror: 2 copied, 0 failed, 0 skipped"),
+        printed.contains("fill-mirror: 2 copied, 0 failed, 0 skipped, 0 gone, 1 refused\n"),
         "{printed}"
     );
     assert!(
@@ -672,21 +693,7 @@ fn the_ecr_cronjobs_three_steps_fill_a_new_repository() {
     assert!(listed.status.success(), "{listed:?}");
     std::fs::write(&copies, &listed.stdout).expect("copies");
 
-    // The AWS CLI's container: bash, coreutils and aws, no skopeo.
-    let tools = dir.join("aws-cli-image");
-    std::fs::create_dir_all(&tools).expect("dir");
-    for tool in ["bash", "aws", "sort", "base64", "grep", "tail", "env"] {
-        // pyenv's shims are scripts that need pyenv: link the program itself.
-        let found = Command::new("bash")
-            .args([
-                "-c",
-                &format!("pyenv which {tool} 2>/dev/null || command -v {tool}"),
-            ])
-            .output()
-            .expect("command -v");
-        let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
-        let _ = std::os::unix::fs::symlink(&path, tools.join(tool));
-    }
+    let tools = aws_cli_image(&dir);
     let auth_file = dir.join("auth.json");
     let mut prepare = Command::new(tools.join("bash"));
     prepare
@@ -726,6 +733,27 @@ fn the_ecr_cronjobs_three_steps_fill_a_new_repository() {
         storage.digest_of("cache/team/api", "3").as_deref(),
         Some(digest.as_str())
     );
+}
+
+/// The AWS CLI's container, as a PATH: bash, coreutils and aws; no skopeo, no jq.
+fn aws_cli_image(dir: &Path) -> PathBuf {
+    let tools = dir.join("aws-cli-image");
+    std::fs::create_dir_all(&tools).expect("dir");
+    for tool in [
+        "bash", "aws", "sort", "base64", "grep", "tail", "env", "mktemp", "mv",
+    ] {
+        // pyenv's shims are scripts that need pyenv: link the program itself.
+        let found = Command::new("bash")
+            .args([
+                "-c",
+                &format!("pyenv which {tool} 2>/dev/null || command -v {tool}"),
+            ])
+            .output()
+            .expect("command -v");
+        let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
+        let _ = std::os::unix::fs::symlink(&path, tools.join(tool));
+    }
+    tools
 }
 
 /// A Pod kept at its signed source image because the mirror's copy lacks the signature: the
@@ -807,7 +835,10 @@ fn the_check_role_reports_a_missing_signature_and_one_fill_run_brings_it() {
         "reports.json",
         &list(vec![report("Report", 3, vec![result(POLICY, &response)])]),
     );
-    let (ok, printed) = fill(&[&reports], &[]);
+    let (ok, printed) = fill(
+        &[&reports],
+        &["--settings", &settings_file.to_string_lossy()],
+    );
     assert!(ok, "{printed}");
     assert!(
         mirror.digest_of("hub/org/app", &tag).is_some(),
@@ -893,5 +924,533 @@ fn with_signatures_one_fill_run_brings_a_new_image_and_its_signature() {
         swapped.image("containers", 0),
         Some(format!("{}/hub/org/app:2@{digest}", mirror.host).as_str()),
         "{swapped:?}"
+    );
+}
+
+/// A Pod as `kubectl get pods -o json` lists it, with the record's label and `annotations`.
+fn recorded_pod(namespace: &str, name: &str, image: &str, annotations: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": namespace,
+            "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
+            "annotations": annotations},
+        "spec": {"containers": [{"name": "web", "image": image}]},
+    })
+}
+
+const RECORD: &str = "image-swapper.kubewarden.io/unmirrored-images";
+
+/// No record can stop the run. A static Pod's mirror (`kubernetes.io/config.mirror`, which the
+/// swapper leaves alone) carries the label and the record `{"web":1}`; another Pod a record
+/// whose copy is a list, naming a destination of its own; a third one that is not JSON. Each
+/// is skipped with one line naming its Pod and why; a fourth, whose copy hides a line of the
+/// work list after a new line, is refused on one line. None of their copies is made, and the
+/// policy's own record beside them is copied in the same run, which exits 0 and counts them.
+#[test]
+fn a_record_that_is_not_well_formed_is_skipped_and_stops_nothing() {
+    let cluster = Cluster::start("fill-forged-record");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let digest = Image::new("web 7", "linux/amd64").push(source, "web", Some("7"));
+    Image::new("api 7", "linux/amd64").push(source, "api", Some("7"));
+    let request = pod_request("CREATE", web(&cluster.source_image("web:7")));
+    let kept = validate(
+        &cluster.settings("swap"),
+        &request,
+        shared(LiveHost::default()),
+    );
+    assert!(kept.unmirrored().is_some(), "{kept:?}");
+    let api = cluster.source_image("api:7");
+    let listed_copy = json!({"web": {"source": api, "copy": [format!(
+        "skopeo copy --all --preserve-digests docker://{api} docker://{}/hub/nginx:7",
+        mirror.host
+    )]}});
+    let injected = format!("x\n{api} {}/hub/nginx:7\n", mirror.host);
+    let pods = vec![
+        recorded_pod(
+            "kube-system",
+            "etcd-node-1",
+            &api,
+            json!({"kubernetes.io/config.mirror": "3f1c9a", RECORD: r#"{"web":1}"#}),
+        ),
+        recorded_pod(
+            "team",
+            "listed-copy",
+            &api,
+            json!({RECORD: listed_copy.to_string()}),
+        ),
+        recorded_pod("team", "not-json", &api, json!({RECORD: "{\"web\": {"})),
+        // A copy that is a string, with a line of the work list inside it.
+        recorded_pod(
+            "team",
+            "new-line",
+            &api,
+            json!({RECORD: json!({"web": {"source": api, "copy": injected}}).to_string()}),
+        ),
+        listed_pod(1, &kept, &request),
+    ];
+    let dir = tempdir("fill-forged-record");
+    let pods = write(&dir, "pods.json", &list(pods));
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let (code, printed) = fill_code(&[], &["--pods", &pods.to_string_lossy(), &flag, &settings]);
+
+    assert_eq!(
+        mirror.digest_of("hub/web", "7").as_deref(),
+        Some(digest.as_str()),
+        "the policy's own record is copied in the same run: {printed}"
+    );
+    assert_eq!(mirror.digest_of("hub/nginx", "7"), None, "{printed}");
+    assert_eq!(mirror.digest_of("hub/api", "7"), None, "{printed}");
+    assert_eq!(code, Some(0), "{printed}");
+    let listed_copy = shown(&listed_copy["web"]["copy"]);
+    for (pod, why) in [
+        (
+            "kube-system/etcd-node-1",
+            "its record is not well formed (container \"web\" is a number (1), not an object with source and copy)".to_string(),
+        ),
+        (
+            "team/listed-copy",
+            format!("its record is not well formed (container \"web\": copy is an array ({listed_copy}), not a string)"),
+        ),
+        (
+            "team/not-json",
+            "its record is not a JSON object (\"{\\\"web\\\": {\")".to_string(),
+        ),
+    ] {
+        let lines: Vec<&str> = printed.lines().filter(|l| l.contains(pod)).collect();
+        assert_eq!(
+            lines,
+            [format!("fill-mirror: skipped {pod}: {why}, none of it run")],
+            "one line for {pod}: {printed}"
+        );
+    }
+    assert!(
+        printed.contains(&format!(
+            "fill-mirror: refused team/new-line container web: its record is not the policy's own ({}), not run\n",
+            injected.replace('\n', "?")
+        )),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 4 refused"),
+        "{printed}"
+    );
+
+    // The CronJob's list step, which the copying step cannot see into: its log counts them.
+    let pods = pods.to_string_lossy();
+    let (code, listed) = fill_code(&[], &["--list", "--pods", &pods, &flag, &settings]);
+    assert_eq!(code, Some(0), "{listed}");
+    assert!(
+        listed.starts_with(&format!(
+            "{} {}/hub/web:7\n",
+            cluster.source_image("web:7"),
+            mirror.host
+        )) && listed.ends_with("fill-mirror: listed 1 copies, 4 refused\n"),
+        "{listed}"
+    );
+}
+
+/// No report can steer a copy. Anyone who can write a Report could write a `fail` result of the
+/// check whose message holds `skopeo copy` lines: to a repository the settings do not route the
+/// source to, by digest to a tag that is not the digest's own, from a source no rule routes, and
+/// from an image `exclude` keeps out. Each is refused with one line naming the report and why,
+/// and none is made; a report whose results are not a list and a result whose message is not a
+/// string are skipped so; the check's real finding beside them is copied in the same run.
+#[test]
+fn a_report_copy_passes_the_checks_a_pod_record_does() {
+    let cluster = Cluster::start("fill-forged-report");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let web_digest = Image::new("web 8", "linux/amd64").push(source, "web", Some("8"));
+    let api = Image::new("api 8", "linux/amd64").push(source, "api", Some("8"));
+    Image::new("private 1", "linux/amd64").push(source, "private/app", Some("1"));
+    let mut settings = cluster.settings("swap");
+    settings["exclude"] = json!([format!("{}/private/*", source.host)]);
+    let finding = cluster.check(1, &web(&cluster.source_image("web:8")), &json!({}));
+    assert_eq!(
+        (finding.accepted, finding.code),
+        (false, None),
+        "{finding:?}"
+    );
+
+    let (s, m) = (&source.host, &mirror.host);
+    let copy = |from: &str, to: &str| {
+        format!("skopeo copy --all --preserve-digests docker://{s}/{from} docker://{m}/{to}")
+    };
+    let forged_copies = [
+        (
+            copy("api:8", "hub/nginx:8"),
+            format!("the settings route {s}/api to {m}/hub/api, not {m}/hub/nginx"),
+        ),
+        (
+            copy(&format!("api@{api}"), "hub/api:8"),
+            format!(
+                "a copy by digest goes to the digest's own tag {}, not 8",
+                api.replacen(':', "-", 1)
+            ),
+        ),
+        (
+            copy("private/app:1", "hub/private/app:1"),
+            format!("{s}/private/app:1 is excluded by {s}/private/*"),
+        ),
+    ];
+    let unrouted = format!(
+        "skopeo copy --all --preserve-digests docker://quay.io/team/app:1 docker://{m}/hub/app:1"
+    );
+    let message = format!(
+        "a source image the Pod runs is not in the mirror: {}; {}",
+        forged_copies
+            .iter()
+            .map(|(c, _)| format!("fill the mirror ({c})"))
+            .collect::<Vec<_>>()
+            .join("; "),
+        unrouted
+    );
+    let message_object = json!({"copy": copy("api:8", "hub/api:8")});
+    let mut forged = report(
+        "Report",
+        2,
+        vec![
+            json!({"source": "kubewarden", "policy": POLICY, "result": "fail", "message": message}),
+            json!({"policy": POLICY, "result": "fail", "message": message_object}),
+        ],
+    );
+    forged["metadata"]["name"] = json!("forged");
+    forged["metadata"]["namespace"] = json!("team");
+    let mut not_a_list = report("PolicyReport", 3, vec![]);
+    not_a_list["metadata"]["name"] = json!("not-a-list");
+    not_a_list["results"] = json!(copy("api:8", "hub/api:8"));
+
+    let dir = tempdir("fill-forged-report");
+    let reports = write(
+        &dir,
+        "reports.json",
+        &list(vec![
+            forged,
+            not_a_list.clone(),
+            report("Report", 1, vec![result(POLICY, &finding)]),
+        ]),
+    );
+    let [flag, settings] = with_settings(&dir, &settings);
+    let (code, printed) = fill_code(&[&reports], &[&flag, &settings]);
+
+    for (repository, tag) in [
+        ("hub/nginx", "8"),
+        ("hub/api", "8"),
+        ("hub/private/app", "1"),
+    ] {
+        assert_eq!(
+            mirror.digest_of(repository, tag),
+            None,
+            "a forged copy was made, to {repository}:{tag}: {printed}"
+        );
+    }
+    assert_eq!(
+        mirror.digest_of("hub/web", "8").as_deref(),
+        Some(web_digest.as_str()),
+        "the real finding is copied in the same run: {printed}"
+    );
+    assert_eq!(code, Some(0), "{printed}");
+    let head = format!("fill-mirror: refused Report team/forged results[0] of {POLICY}: its copy");
+    for (line, why) in forged_copies.iter().chain([&(
+        unrouted.clone(),
+        "no rule of the settings routes quay.io/team/app".to_string(),
+    )]) {
+        let docker = line.trim_start_matches("skopeo copy --all --preserve-digests ");
+        assert!(
+            printed.contains(&format!(
+                "{head} {docker} is not the policy's own: {why}, not run\n"
+            )),
+            "{why}: {printed}"
+        );
+    }
+    assert!(
+        printed.contains(&format!("fill-mirror: skipped Report team/forged: results[1] of {POLICY}: message is an object ({}), not a string, not read\n", shown(&message_object)))
+            && printed.contains(&format!("fill-mirror: skipped PolicyReport default/not-a-list: its results are a string ({}), not a list, not read\n", shown(&not_a_list["results"]))),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 6 refused"),
+        "{printed}"
+    );
+}
+
+/// Kubewarden 1.37.2 renamed every policy's unique id, the `policy` of its audit results:
+/// `clusterwide-image-swapper-check` before, `kw.cap.image-swapper-check` from it on (and during
+/// the upgrade both, for a while). By default the fill job reads the check's results under
+/// either; `--policy` names the one to read.
+#[test]
+fn the_fill_job_reads_the_checks_results_under_either_id() {
+    let cluster = Cluster::start("fill-ids");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let web_digest = Image::new("web 9", "linux/amd64").push(source, "web", Some("9"));
+    let api_digest = Image::new("api 9", "linux/amd64").push(source, "api", Some("9"));
+    let web_finding = cluster.check(1, &web(&cluster.source_image("web:9")), &json!({}));
+    let api_finding = cluster.check(2, &web(&cluster.source_image("api:9")), &json!({}));
+    let (new_id, old_id) = (
+        "kw.cap.image-swapper-check",
+        "clusterwide-image-swapper-check",
+    );
+    let dir = tempdir("fill-ids");
+    let reports = write(
+        &dir,
+        "reports.json",
+        &list(vec![
+            report("Report", 1, vec![result(new_id, &web_finding)]),
+            report("Report", 2, vec![result(old_id, &api_finding)]),
+        ]),
+    );
+    let [flag, settings] = with_settings(&dir, &cluster.settings("swap"));
+    let web_line = format!("{}/web:9 {}/hub/web:9", source.host, mirror.host);
+    let api_line = format!("{}/api:9 {}/hub/api:9", source.host, mirror.host);
+    for (ids, expected) in [
+        (vec![], vec![&web_line, &api_line]),
+        (vec!["--policy", new_id], vec![&web_line]),
+        (vec!["--policy", old_id], vec![&api_line]),
+    ] {
+        let args = [&["--list", flag.as_str(), settings.as_str()][..], &ids[..]].concat();
+        let (ok, listed) = fill(&[&reports], &args);
+        assert!(ok, "{listed}");
+        assert_eq!(listed.lines().collect::<Vec<_>>(), expected, "{ids:?}");
+    }
+
+    let (ok, printed) = fill(&[&reports], &[&flag, &settings]);
+    assert!(ok, "{printed}");
+    assert_eq!(
+        mirror.digest_of("hub/web", "9").as_deref(),
+        Some(web_digest.as_str())
+    );
+    assert_eq!(
+        mirror.digest_of("hub/api", "9").as_deref(),
+        Some(api_digest.as_str())
+    );
+}
+
+/// The exit status lets an alert on failed Jobs clear. 0 when every copy was made or is there
+/// already; 0 too when a source is gone for good (its registry answers that it has no such
+/// manifest, or no such repository): one line names each, at every run, and the summary counts
+/// them. 1 when a copy failed in a way a later run may not meet (here the source registry
+/// refuses connections). 2 when the job cannot run (reports without the settings to check them).
+#[test]
+fn the_exit_status_is_0_when_copied_or_gone_for_good_and_1_when_a_copy_failed() {
+    let cluster = Cluster::start("fill-status");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    let digest = Image::new("ok 1", "linux/amd64").push(source, "ok", Some("1"));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let down = closed.local_addr().expect("address").to_string();
+    drop(closed);
+    let (s, m) = (&source.host, &mirror.host);
+    let dir = tempdir("fill-status");
+    let run = |lines: &[String]| {
+        let copies = write_text(&dir, "copies.txt", &lines.join("\n"));
+        fill_code(&[], &["--copies", &copies.to_string_lossy()])
+    };
+    let good = format!("{s}/ok:1 {m}/hub/ok:1");
+    let no_tag = format!("{s}/ok:404 {m}/hub/ok:404");
+    let no_repository = format!("{s}/never/pushed:1 {m}/hub/never/pushed:1");
+
+    let (code, printed) = run(std::slice::from_ref(&good));
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.ends_with("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused\n"),
+        "{printed}"
+    );
+    assert_eq!(
+        mirror.digest_of("hub/ok", "1").as_deref(),
+        Some(digest.as_str())
+    );
+
+    for _ in 0..2 {
+        let (code, printed) = run(&[good.clone(), no_tag.clone(), no_repository.clone()]);
+        assert_eq!(
+            code,
+            Some(0),
+            "gone for good does not fail the Job: {printed}"
+        );
+        for gone in [format!("{s}/ok:404"), format!("{s}/never/pushed:1")] {
+            let lines = printed
+                .lines()
+                .filter(|l| {
+                    l.starts_with(&format!(
+                        "gone docker://{gone}: its registry has no such image"
+                    ))
+                })
+                .count();
+            assert_eq!(lines, 1, "one line names {gone}: {printed}");
+        }
+        assert!(
+            printed.ends_with("fill-mirror: 0 copied, 0 failed, 1 skipped, 2 gone, 0 refused\n"),
+            "{printed}"
+        );
+    }
+
+    let (code, printed) = run(&[no_tag, format!("{down}/app:1 {m}/hub/app:1")]);
+    assert_eq!(code, Some(1), "{printed}");
+    assert!(
+        printed.contains(&format!(
+            "failed docker://{down}/app:1 to docker://{m}/hub/app:1: "
+        )) && printed.ends_with("fill-mirror: 0 copied, 1 failed, 0 skipped, 1 gone, 0 refused\n"),
+        "{printed}"
+    );
+
+    let reports = write(&dir, "reports.json", &list(vec![]));
+    let (code, printed) = fill_code(&[&reports], &[]);
+    assert_eq!(code, Some(2), "{printed}");
+    assert!(
+        printed.contains("--reports and --pods need --settings"),
+        "{printed}"
+    );
+}
+
+/// A value as the fill job's notes quote it: its JSON, cut at 80 characters.
+fn shown(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() > 80 {
+        format!("{}...", text.chars().take(80).collect::<String>())
+    } else {
+        text
+    }
+}
+
+fn write_text(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+/// Two ECR registries and a private source, as the ECR CronJob's AWS CLI container prepares
+/// them (bash, coreutils and aws: no skopeo, no jq). `--ecr-prepare` merges one login per ECR
+/// host and the sources' credentials (`--source-auth`, a docker config as a Secret mounts it)
+/// into the auth file, keeping the entries it held, and the copying step fills both registries
+/// from the private source with that file alone. A repository it cannot create does not stop
+/// it (exit 0): the copy into it fails, in ECR's words, and fails the run.
+#[test]
+fn ecr_prepare_merges_one_login_per_host_and_the_sources_credentials() {
+    use rig::ecr::{EcrRegistry, Moto};
+    let source = TestRegistry::start_with_basic_auth("ecr-merge-source", "puller", "pull-token")
+        .expect("registry");
+    let storage = TestRegistry::start("ecr-merge-storage").expect("registry");
+    let moto = Moto::start().expect("moto");
+    let (first, second) = (
+        EcrRegistry::start(&storage, &moto).expect("ECR front"),
+        EcrRegistry::start(&storage, &moto).expect("ECR front"),
+    );
+    let a = Image::new("a 1 for ecr", "linux/amd64").push(&source, "team/a", Some("1"));
+    let b = Image::new("b 1 for ecr", "linux/amd64").push(&source, "other/b", Some("1"));
+    let dir = tempdir("fill-ecr-merge");
+    let copies = write_text(
+        &dir,
+        "copies.txt",
+        &format!(
+            "{0}/team/a:1 {1}/cache/team/a:1\n{0}/other/b:1 {2}/cache2/other/b:1\n",
+            source.host, first.host, second.host
+        ),
+    );
+    let basic = |user: &str, password: &str| {
+        rig::registry::basic_auth(user, password)
+            .trim_start_matches("Basic ")
+            .to_string()
+    };
+    // The sources' credentials as `kubectl create secret docker-registry` writes them, and an
+    // entry the auth file already holds.
+    let source_config = write(
+        &dir,
+        "source-config.json",
+        &json!({"auths": {source.host.clone(): {"username": "puller", "password": "pull-token",
+            "auth": basic("puller", "pull-token")}}}),
+    );
+    let auth_file = write(
+        &dir,
+        "auth.json",
+        &json!({"auths": {"quay.io": {"auth": basic("robot", "quay")}}}),
+    );
+    let tools = aws_cli_image(&dir);
+    let script = rig::root().join("scripts/fill-mirror.sh");
+    let prepare = |create_arguments: &str| {
+        let mut command = Command::new(tools.join("bash"));
+        command
+            .arg(&script)
+            .args(["--ecr-prepare", "--copies"])
+            .arg(&copies)
+            .arg("--source-auth")
+            .arg(&source_config)
+            .env("PATH", &tools)
+            .env("REGISTRY_AUTH_FILE", &auth_file)
+            .env("ECR_CREATE_REPOSITORY_ARGS", create_arguments);
+        for (name, value) in moto.environment() {
+            command.env(name, value);
+        }
+        let output = command.output().expect("--ecr-prepare");
+        let text = String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.code(), text)
+    };
+    let copy = || {
+        let output = Command::new(&script)
+            .args(["--insecure", "--copies"])
+            .arg(&copies)
+            .env("REGISTRY_AUTH_FILE", &auth_file)
+            .output()
+            .expect("--copies");
+        let text = String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.code(), text)
+    };
+
+    // Repositories that cannot be created: the step goes on, and the copies say what failed.
+    let (code, printed) = prepare("--no-such-option");
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.contains("fill-mirror: aws ecr create-repository cache/team/a: ")
+            && printed.contains("fill-mirror: aws ecr create-repository cache2/other/b: ")
+            && printed.contains("fill-mirror: ECR prepared for 2 copies, 2 failed"),
+        "{printed}"
+    );
+    let (code, printed) = copy();
+    assert_eq!(code, Some(1), "{printed}");
+    assert!(
+        printed.contains(&format!(
+            "failed docker://{}/team/a:1 to docker://{}/cache/team/a:1: ",
+            source.host, first.host
+        )) && printed.contains("The repository with name 'cache/team/a' does not exist")
+            && printed.contains("fill-mirror: 0 copied, 2 failed, 0 skipped, 0 gone, 0 refused"),
+        "{printed}"
+    );
+
+    let (code, printed) = prepare("--image-tag-mutability IMMUTABLE");
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.contains("created ECR repository cache/team/a")
+            && printed.contains("created ECR repository cache2/other/b"),
+        "{printed}"
+    );
+    let auths: Value =
+        serde_json::from_str(&std::fs::read_to_string(&auth_file).expect("auth file"))
+            .expect("the merged auth file is JSON");
+    let mut hosts: Vec<&String> = auths["auths"].as_object().expect("auths").keys().collect();
+    hosts.sort();
+    let mut expected = vec![&first.host, &second.host, &source.host];
+    let quay = "quay.io".to_string();
+    expected.push(&quay);
+    expected.sort();
+    assert_eq!(hosts, expected, "one entry per host: {auths}");
+    let ecr_login = basic("AWS", &EcrRegistry::password());
+    assert_eq!(auths["auths"][&first.host]["auth"], json!(ecr_login));
+    assert_eq!(auths["auths"][&second.host]["auth"], json!(ecr_login));
+    assert_eq!(
+        auths["auths"][&source.host]["auth"],
+        json!(basic("puller", "pull-token"))
+    );
+
+    let (code, printed) = copy();
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(
+        printed.contains("fill-mirror: 2 copied, 0 failed, 0 skipped, 0 gone, 0 refused"),
+        "{printed}"
+    );
+    assert_eq!(
+        storage.digest_of("cache/team/a", "1").as_deref(),
+        Some(a.as_str())
+    );
+    assert_eq!(
+        storage.digest_of("cache2/other/b", "1").as_deref(),
+        Some(b.as_str())
     );
 }

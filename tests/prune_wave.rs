@@ -296,15 +296,20 @@ fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_job_clears_it(
         json!({"kind": "List", "items": items}).to_string(),
     )
     .expect("write");
+    // The check's settings route the copies the script checks.
+    let settings_file = dir.join("settings.json");
+    std::fs::write(&settings_file, settings.to_string()).expect("write");
     let output = Command::new(rig::root().join("scripts/fill-mirror.sh"))
         .args(["--insecure", "--reports"])
         .arg(&reports)
+        .arg("--settings")
+        .arg(&settings_file)
         .output()
         .expect("fill-mirror.sh");
     let printed = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{printed}");
     assert!(
-        printed.ends_with("fill-mirror: 10 copied, 0 failed, 0 skipped\n"),
+        printed.ends_with("fill-mirror: 10 copied, 0 failed, 0 skipped, 0 gone, 0 refused\n"),
         "one copy per pruned image, duplicates removed: {printed}"
     );
     for (i, digest) in wave.digests.iter().enumerate() {
