@@ -49,6 +49,10 @@ load helpers
   check_case invalid-settings
 }
 
+@test "signatures with pinDigest false are refused: a verified image is always pinned" {
+  check_case signatures-unpinned-refused
+}
+
 @test "a static Pod's mirror Pod: no lookup, no patch" {
   check_case static-pod-mirror
 }

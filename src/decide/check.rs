@@ -476,4 +476,59 @@ mod tests {
             Presence::NotChecked(why) if why.contains(DIGEST_B)
         ));
     }
+
+    /// The check role with `signatures` on a short name and a rule of two targets: the rule
+    /// matches the image as the Pod writes it (`nginx:1`, not `docker.io/library/nginx:1`), and
+    /// the targets are verified in order: the second's copy verifying is enough; when neither
+    /// verifies, the first one holding a copy is named, with the digest it serves.
+    #[test]
+    fn a_short_name_is_verified_at_each_target_of_its_rule_in_order() {
+        let policy = policy_from(
+            r#"{"action":"check","mirrors":[{"source":"docker.io","targets":[{"target":"eu.m.io/hub"},{"target":"us.m.io/hub"}]}],
+            "signatures":[{"image":"nginx:*","pubKeys":["-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----"]}]}"#,
+        );
+        let Some(image) = CheckedImage::of("nginx:1", None, &policy) else {
+            panic!("a source image");
+        };
+        let (eu, us) = ("eu.m.io/hub/library/nginx:1", "us.m.io/hub/library/nginx:1");
+        let unverified = || LookupError::Unverified("no signatures found".to_string());
+        let mut registry = FakeRegistry::default().with(eu, Ok(DIGEST_A));
+        registry
+            .verifications
+            .insert(eu.to_string(), Err(unverified()));
+        registry
+            .verifications
+            .insert(us.to_string(), Ok(DIGEST_A.to_string()));
+        assert_eq!(image.check(&policy, &mut registry), Presence::Present);
+        // The first copy's digest is learned as it is found unverified: it names the
+        // signature tag to copy, should no later target verify.
+        assert_eq!(
+            registry.asked,
+            [
+                format!("verify {eu}"),
+                eu.to_string(),
+                format!("verify {us}")
+            ]
+        );
+
+        registry
+            .verifications
+            .insert(us.to_string(), Err(unverified()));
+        registry.asked.clear();
+        assert_eq!(
+            image.check(&policy, &mut registry),
+            Presence::Unverified {
+                target: 0,
+                answer: "not signed with its public key: no signatures found".to_string(),
+                digest: Some(DIGEST_A.to_string())
+            }
+        );
+        // Written in full, the image is no match for the rule: checked for presence only.
+        let Some(full) = CheckedImage::of("docker.io/library/nginx:1", None, &policy) else {
+            panic!("a source image");
+        };
+        registry.asked.clear();
+        assert_eq!(full.check(&policy, &mut registry), Presence::Present);
+        assert_eq!(registry.asked, [eu]);
+    }
 }
