@@ -225,3 +225,124 @@ fn the_example_session_replays_exactly() {
     );
     assert_eq!(replay.lock().unwrap().remaining(), 0);
 }
+
+/// The expectations of the signature cases follow from the documented table (docs/decisions.md,
+/// "Signatures") and the host's recorded answers alone, not from this module's output: a case
+/// whose every verification the host trusted at digest D swaps container `web` to the verified
+/// repository at the Pod's tag, pinned to D; a case whose verification the host refused keeps
+/// (or, with `onUnverified: reject`, refuses) the image, reason `unverified`, in words that
+/// carry the host's refusal.
+#[test]
+fn signature_cases_expect_what_the_table_and_the_recorded_host_say() {
+    let mut derived = 0;
+    for dir in cases() {
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if !(name.starts_with("signatures-") || name.starts_with("verifiers-")) {
+            continue;
+        }
+        let expect = read_json(&dir.join("expect.json"));
+        let session = std::fs::read_to_string(dir.join("session.yml")).expect("session.yml");
+        let exchanges: Vec<Value> = serde_yaml::from_str(&session).expect("session YAML");
+        let verifications: Vec<(String, Result<String, String>)> = exchanges
+            .iter()
+            .filter(|e| {
+                e["request"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("!Sigstore"))
+            })
+            .map(|e| {
+                let request: serde_yaml::Value =
+                    serde_yaml::from_str(e["request"].as_str().unwrap_or_default())
+                        .expect("request");
+                let serde_yaml::Value::Tagged(tagged) = request else {
+                    panic!("{name}: an untagged request");
+                };
+                let image = tagged.value["image"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let answer = match e["response"]["type"].as_str() {
+                    Some("Success") => {
+                        let payload: Value = serde_json::from_str(
+                            e["response"]["payload"].as_str().unwrap_or_default(),
+                        )
+                        .expect("payload");
+                        assert_eq!(payload["is_trusted"], Value::Bool(true), "{name}");
+                        Ok(payload["digest"].as_str().unwrap_or_default().to_string())
+                    }
+                    _ => Err(e["response"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string()),
+                };
+                (image, answer)
+            })
+            .collect();
+        let Some((verified, _)) = verifications.first() else {
+            continue; // nothing verified: not a case of this table
+        };
+        let request = read_json(&dir.join("request.json"));
+        let written = request["object"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap_or_default();
+        let swapped = expect["patch"]["/spec/containers/0/image"].as_str();
+        match verifications.iter().find_map(|(_, a)| a.as_ref().err()) {
+            None => {
+                let digests: BTreeSet<&String> = verifications
+                    .iter()
+                    .filter_map(|(_, a)| a.as_ref().ok())
+                    .collect();
+                assert_eq!(digests.len(), 1, "{name}: one verified digest");
+                let digest = digests.into_iter().next().expect("a digest");
+                let repository = verified.split('@').next().unwrap_or_default();
+                let repository = match repository.rsplit_once(':') {
+                    Some((name, tag)) if !tag.contains('/') => name,
+                    _ => repository,
+                };
+                let tag = written.split('@').next().unwrap_or_default();
+                let tag = tag
+                    .rsplit_once(':')
+                    .map(|(_, t)| t)
+                    .filter(|t| !t.contains('/'));
+                let wanted = match tag {
+                    Some(tag) => format!("{repository}:{tag}@{digest}"),
+                    None => format!("{repository}@{digest}"),
+                };
+                assert_eq!(
+                    swapped,
+                    Some(wanted.as_str()),
+                    "{name}: swapped at the verified digest"
+                );
+                assert_eq!(expect["allowed"], Value::Bool(true), "{name}");
+            }
+            Some(refusal) => {
+                assert_eq!(swapped, None, "{name}: never swapped past a refusal");
+                let settings = read_yaml(&dir.join("settings.yml"));
+                let rejected = settings["onUnverified"] == Value::from("reject");
+                assert_eq!(expect["allowed"], Value::Bool(!rejected), "{name}");
+                let (list, text) = if rejected {
+                    ("rejected", expect["message"].as_str())
+                } else {
+                    ("kept", expect["warning"].as_str())
+                };
+                assert_eq!(
+                    expect["auditAnnotations"][list][0]["reason"],
+                    Value::from("unverified"),
+                    "{name}"
+                );
+                assert!(
+                    text.is_some_and(|t| t.contains(refusal.as_str()) && t.contains(written)),
+                    "{name}: {text:?} names the image and the host's {refusal:?}"
+                );
+            }
+        }
+        derived += 1;
+    }
+    // The seven signatures-* cases recorded by real kwctl 1.35, and verifiers-* with sessions.
+    assert!(derived >= 9, "only {derived} signature cases derived");
+}
