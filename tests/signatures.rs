@@ -453,6 +453,44 @@ fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_sou
     }
 }
 
+/// A certificate rule that requires a Rekor bundle is not satisfied by signatures without one
+/// (the rig's, like `cosign sign --tlog-upload=false`'s), as on the host: the copy is kept
+/// unverified, never swapped.
+#[test]
+fn a_rule_that_requires_a_rekor_bundle_refuses_signatures_without_one() {
+    let world = World::start("sig-rekor", Signer::with_certificate("release@example.com"));
+    world.copy_signature();
+    let mut settings = world.swapper_settings(true);
+    let response = validate(
+        &settings,
+        &pod(&world.image("signed")),
+        shared(LiveHost::default()),
+    );
+    assert_eq!(
+        response.image("containers", 0),
+        Some(world.mirror_image("signed", &world.signed).as_str()),
+        "without the requirement: swapped"
+    );
+    settings["signatures"][0]["requireRekorBundle"] = json!(true);
+    let response = validate(
+        &settings,
+        &pod(&world.image("signed")),
+        shared(LiveHost::default()),
+    );
+    let source = world.image("signed");
+    assert_eq!(
+        response.image("containers", 0).unwrap_or(&source),
+        source,
+        "kept at its source"
+    );
+    assert_eq!(response.audit["kept"][0]["reason"], json!("unverified"));
+    assert!(
+        response.warned("not signed with its certificate: verification failed"),
+        "{:?}",
+        response.warnings
+    );
+}
+
 /// A host that trusts every verification (answering one digest) and keeps each request as
 /// the guest sent it: what the host receives, to compare whole.
 #[derive(Default)]
