@@ -4,9 +4,10 @@ CARGO ?= cargo
 KWCTL ?= kwctl
 SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
 # Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq, and skopeo
-# (the rig's tag-filled cache copies with it; so does the fill job). From PyPI: moto's server
+# (the rig's tag-filled cache copies with it; so does the fill job), and prometheus for
+# promtool, which tests the alerts (tests/docs.rs). From PyPI: moto's server
 # and the AWS CLI, for the fill job on ECR (scripts/ensure-python-tools.sh, `make test-deps`).
-TEST_PACKAGES := docker-registry bats jq skopeo
+TEST_PACKAGES := docker-registry bats jq skopeo prometheus
 
 .PHONY: deps test-deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
 

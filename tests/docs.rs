@@ -627,3 +627,77 @@ fn every_deploy_overlay_renders_a_valid_deployment() {
         }
     }
 }
+
+/// Every alert of the PrometheusRule the docs and `deploy/` install fires on the series of its
+/// cause and clears once the cause is gone: `promtool test rules` (Debian's prometheus
+/// package; `make test-deps` installs it) over `tests/alerts/image-swapper.test.yaml`, with the
+/// rule's `spec` as the rule file and each alert's own annotations expected.
+#[test]
+fn every_alert_fires_on_its_cause_and_clears_under_promtool() {
+    let rule = rig::read_yaml(&rig::root().join("deploy/base/prometheus-rule.yaml"));
+    let alerts: Vec<serde_json::Value> = rule["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|group| group["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|r| r.get("alert").is_some())
+        .collect();
+    assert!(!alerts.is_empty(), "no alert in the PrometheusRule");
+    let mut tests = rig::read_yaml(&rig::root().join("tests/alerts/image-swapper.test.yaml"));
+    let mut fires = BTreeSet::new();
+    let mut clears = BTreeSet::new();
+    for test in tests["tests"].as_array_mut().expect("tests").iter_mut() {
+        let mut fired = BTreeSet::new();
+        for case in test["alert_rule_test"]
+            .as_array_mut()
+            .expect("alert_rule_test")
+        {
+            let name = case["alertname"].as_str().unwrap_or_default().to_string();
+            let alert = alerts
+                .iter()
+                .find(|a| a["alert"] == serde_json::Value::from(name.as_str()))
+                .unwrap_or_else(|| panic!("no alert {name} in the PrometheusRule"));
+            let expected = case["exp_alerts"].as_array_mut().expect("exp_alerts");
+            if expected.is_empty() {
+                if fired.contains(&name) {
+                    clears.insert(name.clone());
+                }
+            } else {
+                fired.insert(name.clone());
+                fires.insert(name.clone());
+            }
+            for entry in expected.iter_mut() {
+                entry["exp_annotations"] = alert["annotations"].clone();
+            }
+        }
+    }
+    let names: BTreeSet<String> = alerts
+        .iter()
+        .filter_map(|a| a["alert"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(fires, names, "every alert has a case where it fires");
+    assert_eq!(
+        clears, names,
+        "every alert has a later case where it has cleared"
+    );
+    let dir = std::env::temp_dir().join(format!("image-swapper-alerts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let write = |file: &str, value: &serde_json::Value| {
+        let text = serde_yaml::to_string(value).expect("YAML");
+        std::fs::write(dir.join(file), text).expect("write");
+    };
+    write("rules.yaml", &rule["spec"]);
+    write("tests.yaml", &tests);
+    let output = Command::new("promtool")
+        .args(["test", "rules", "tests.yaml"])
+        .current_dir(&dir)
+        .output()
+        .expect("promtool (Debian's prometheus package: make test-deps)");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "promtool test rules:\n{said}");
+}
