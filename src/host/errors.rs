@@ -36,6 +36,13 @@ pub const ABSENT_MESSAGES: &[(&str, &str)] = &[
     ("manifest ", " is not found"),
     // JFrog Artifactory: MANIFEST_UNKNOWN "The named manifest is not known to the registry."
     ("the named manifest is not known to the registry", ""),
+    // Artifact Registry, a standard repository: MANIFEST_UNKNOWN (404) `Failed to fetch "<tag or
+    // digest>"` (older form: `... from request "/v2/.../manifests/..."`), in public reports
+    // (firezone/firezone#10484; stefanprodan/dockprom#242 on gcr.io, the same backend); its
+    // NAME_UNKNOWN `Repository "<name>" not found` is the Harbor entry's. A remote repository's
+    // `Received invalid response from external repository` stands under 404 and 502 alike, so
+    // it is not read as absent.
+    ("failed to fetch \"", ""),
     // Amazon ECR: MANIFEST_UNKNOWN "Requested image not found"; NAME_UNKNOWN "The repository with
     // name '...' does not exist in the registry with id '...'".
     ("requested image not found", ""),
@@ -520,7 +527,18 @@ mod tests {
     #[case::unauthorized("authentication required", false)]
     #[case::denied("requested access to the resource is denied", false)]
     #[case::rate_limited("toomanyrequests: You have reached your pull rate limit.", false)]
-    #[case::gar_failed_to_fetch("Failed to fetch \"1.27\"", false)]
+    #[case::gar_failed_to_fetch("Failed to fetch \"1.27\"", true)]
+    #[case::gar_failed_to_fetch_from_request(
+        "Failed to fetch \"latest\" from request \"/v2/p/r/app/manifests/latest\".",
+        true
+    )]
+    #[case::gar_repository("Repository \"p/r/nope\" not found", true)]
+    #[case::gar_remote_upstream(
+        "Received invalid response from external repository; url=https://registry-1.docker.io/v2/library/nope/manifests/1",
+        false
+    )]
+    #[case::gar_quota("Resource has been exhausted (e.g. check quota).", false)]
+    #[case::failed_to_fetch_a_token("failed to fetch oauth token: unexpected status", false)]
     #[case::artifact_store_error("artifact storage unavailable", false)]
     fn registry_wordings_are_read_from_the_envelope(#[case] message: &str, #[case] absent: bool) {
         let text = format!(
