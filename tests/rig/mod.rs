@@ -31,7 +31,7 @@ pub fn policy() -> &'static WasmPolicy {
     static POLICY: OnceLock<WasmPolicy> = OnceLock::new();
     POLICY.get_or_init(|| {
         let module = root().join("policy.wasm");
-        if let Err(error) = wapc::check_fresh(&module, &root().join("src")) {
+        if let Err(error) = wapc::check_fresh(&module, &root()) {
             panic!("{error:#}");
         }
         let timeout = proxy::HostModel::from_env().policy_timeout();

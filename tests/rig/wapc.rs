@@ -431,8 +431,10 @@ fn add_wapc_imports(linker: &mut Linker<State>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-/// Fails when the module is older than the sources, so no test passes on a stale build.
-pub fn check_fresh(module: &Path, sources: &Path) -> wasmtime::Result<()> {
+/// Fails when the module is older than any file it is built from, so no test passes on a stale
+/// build: the inputs `make policy.wasm` names (the Makefile's `SOURCES`: every `.rs` file under
+/// `root/src`, at any depth, and `Cargo.toml` and `Cargo.lock`).
+pub fn check_fresh(module: &Path, root: &Path) -> wasmtime::Result<()> {
     let built = std::fs::metadata(module)
         .and_then(|m| m.modified())
         .with_context(|| {
@@ -441,15 +443,35 @@ pub fn check_fresh(module: &Path, sources: &Path) -> wasmtime::Result<()> {
                 module.display()
             )
         })?;
-    for entry in std::fs::read_dir(sources)? {
-        let entry = entry?;
-        if entry.metadata()?.modified()? > built {
+    for input in module_inputs(root)? {
+        let modified = std::fs::metadata(&input)
+            .and_then(|m| m.modified())
+            .with_context(|| format!("reading {}", input.display()))?;
+        if modified > built {
             wasmtime::bail!(
                 "{} is older than {}: run `make policy.wasm` (or `make test`)",
                 module.display(),
-                entry.path().display()
+                input.display()
             );
         }
     }
     Ok(())
+}
+
+/// The files `policy.wasm` is built from, as the Makefile's `SOURCES` lists them.
+pub fn module_inputs(root: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut inputs = vec![root.join("Cargo.toml"), root.join("Cargo.lock")];
+    let mut folders = vec![root.join("src")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder)? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                inputs.push(path);
+            }
+        }
+    }
+    Ok(inputs)
 }
