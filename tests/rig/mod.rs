@@ -90,9 +90,7 @@ impl Response {
     pub fn warned(&self, text: &str) -> bool {
         self.warnings.iter().any(|w| w.contains(text))
     }
-}
 
-impl Response {
     /// What the host answered for a policy it interrupted ([`wapc::interrupted_answer`]), in
     /// the terms of a policy's answer.
     pub fn from_admission_response(answer: &Value) -> Response {
