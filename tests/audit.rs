@@ -354,11 +354,13 @@ fn a_scan_of_100_pods_against_the_swapping_policy_makes_no_lookup_and_holds_up_n
 }
 
 /// The check role under a scan: 100 Pods with a distinct pinned mirror image each, the mirror
-/// 50 ms away. Lookups are serialised in the process, so the scan's length is about 100
-/// lookups; answers later than the scanner's 10 s would be `error`s in the report. Prints the
-/// figure the docs give: Pods checked per minute by one policy-server process.
+/// 50 ms away: every Pod is checked, with one lookup of its own, and passes. Lookups are
+/// serialised in the process, so the scan's length is about 100 lookups; answers later than the
+/// scanner's 10 s would be `error`s in the report. Prints the figure the docs give (Pods checked
+/// per minute by one policy-server process, and how many fit the scanner's timeout), which it
+/// does not assert: it is a speed.
 #[test]
-fn a_scan_of_100_pods_against_the_check_role_and_how_many_fit_the_scanners_timeout() {
+fn a_scan_of_100_pods_against_the_check_role_looks_each_pod_up_once_and_passes_them_all() {
     let mirror = TestRegistry::start("scan-check").expect("registry");
     let digests: Vec<String> = (0..SCAN)
         .map(|i| {

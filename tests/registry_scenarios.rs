@@ -156,6 +156,70 @@ fn digest_references_are_swapped_only_when_the_mirror_has_that_digest() {
             && message.contains("onMissing is reject"),
         "{message}"
     );
+
+    // A real registry answers a digest lookup with that digest or not at all; a mirror that
+    // answers another one (a broken cache, a front that resolves references its own way) does
+    // not hold the image asked for, however it answers.
+    let (lying, stop) = answering_another_manifest(&mirror, &present_digest);
+    let request = one_container(&format!("nginx:1.27@{absent_digest}"));
+    let other = validate(
+        &json!({"mirrors": [{"source": "docker.io", "target": format!("{lying}/dockerhub")}]}),
+        &request,
+        shared(LiveHost::default()),
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        other.accepted && other.images_unchanged(&request),
+        "not swapped to a digest the mirror does not serve: {other:?}"
+    );
+    assert!(
+        other.warned(&format!(
+            "could not verify it: the mirror answered digest {present_digest} for it"
+        )),
+        "{:?}",
+        other.warnings
+    );
+}
+
+/// A front of `registry` that answers every manifest request with the manifest `reference`
+/// names, whatever reference was asked: a lookup by digest gets another digest.
+fn answering_another_manifest(
+    registry: &TestRegistry,
+    reference: &str,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let upstream = registry.host.clone();
+    let reference = reference.to_string();
+    rig::front::serve("lying front", move |request| {
+        let url = request.url().to_string();
+        let url = match url.rsplit_once("/manifests/") {
+            Some((repository, _)) => format!("{repository}/manifests/{reference}"),
+            None => url,
+        };
+        let answer = ureq::request(request.method().as_str(), &format!("http://{upstream}{url}"))
+            .set("Accept", "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+            .call();
+        let response = match answer {
+            Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+            Err(_) => return,
+        };
+        let status = response.status();
+        let headers: Vec<tiny_http::Header> = ["Docker-Content-Digest", "Content-Type"]
+            .into_iter()
+            .filter_map(|name| tiny_http::Header::from_bytes(name, response.header(name)?).ok())
+            .collect();
+        let mut body = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut response.into_reader(), &mut body);
+        let length = body.len();
+        let reply = tiny_http::Response::new(
+            status.into(),
+            headers,
+            std::io::Cursor::new(body),
+            Some(length),
+            None,
+        );
+        let _ = request.respond(reply);
+    })
+    .expect("front")
 }
 
 #[test]
@@ -213,8 +277,11 @@ fn one_lookup_per_distinct_image_in_container_order() {
     let mirror = TestRegistry::start("count").expect("registry");
     Image::new("nginx", "linux/amd64").push(&mirror, REPOSITORY, Some("1.27"));
     Image::new("redis", "linux/amd64").push(&mirror, "dockerhub/library/redis", Some("7"));
+    Image::new("busybox", "linux/amd64").push(&mirror, "dockerhub/library/busybox", Some("1.36"));
+    // The init containers first name an image no container names: were the lists looked up in
+    // another order, the lookups would come in another order (busybox, redis, nginx).
     let spec = json!({
-        "initContainers": [{"name": "init", "image": "nginx:1.27"}, {"name": "cache-init", "image": "redis:7"}],
+        "initContainers": [{"name": "init", "image": "busybox:1.36"}, {"name": "cache-init", "image": "redis:7"}],
         "containers": [
             {"name": "a", "image": "nginx:1.27"}, {"name": "b", "image": "nginx:1.27"}, {"name": "c", "image": "redis:7"}
         ],
@@ -246,6 +313,10 @@ fn one_lookup_per_distinct_image_in_container_order() {
             format!("OciManifestDigest {}/{REPOSITORY}:1.27", mirror.host),
             format!(
                 "OciManifestDigest {}/dockerhub/library/redis:7",
+                mirror.host
+            ),
+            format!(
+                "OciManifestDigest {}/dockerhub/library/busybox:1.36",
                 mirror.host
             ),
         ]

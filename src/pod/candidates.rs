@@ -7,13 +7,9 @@ use serde_json::Value;
 
 use super::object::container_list;
 
-/// The container lists, in the order their images are looked up.
 /// The only list the API server keeps from a `pods/ephemeralcontainers` request: deciding the
 /// others would look up, warn about and even reject changes that are thrown away.
 pub(super) const EPHEMERAL_LIST: [&str; 1] = ["ephemeralContainers"];
-
-pub(super) const CONTAINER_LISTS: [&str; 3] =
-    ["containers", "initContainers", "ephemeralContainers"];
 
 /// A container whose image this admission may change.
 pub(super) struct Candidate<'o> {

@@ -41,11 +41,11 @@ use crate::policy::{Action, Policy};
 use crate::registry::Registry;
 use crate::verifiers::{Cluster, verifier_rules};
 
-use candidates::{CONTAINER_LISTS, Candidate, EPHEMERAL_LIST, candidates};
+use candidates::{Candidate, EPHEMERAL_LIST, candidates};
 use check_report::check_outcome;
 use checks::check_all;
 use decisions::decide_all;
-use object::{annotation, container_mut};
+use object::{CONTAINER_LISTS, annotation, container_mut};
 use pull_secrets::{add_pull_secrets, pull_secret_names};
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};

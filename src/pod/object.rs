@@ -3,6 +3,10 @@
 
 use serde_json::{Map, Value};
 
+/// The container lists, in the order their images are looked up.
+pub(super) const CONTAINER_LISTS: [&str; 3] =
+    ["containers", "initContainers", "ephemeralContainers"];
+
 pub(super) fn container_list<'v>(object: &'v Value, list: &str) -> Option<&'v Vec<Value>> {
     object.get("spec")?.get(list)?.as_array()
 }
@@ -22,7 +26,7 @@ pub(super) fn container_mut<'v>(
 /// Every container of the Pod's three lists, in order, as (name, image); one without either is
 /// skipped.
 pub(super) fn named_images(object: &Value) -> impl Iterator<Item = (&str, &str)> {
-    super::candidates::CONTAINER_LISTS
+    CONTAINER_LISTS
         .into_iter()
         .flat_map(|list| container_list(object, list).into_iter().flatten())
         .filter_map(|container| {

@@ -25,15 +25,18 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `policy.wasm`, compiled once per test binary, as policy-server compiles it once.
+/// `policy.wasm`, compiled once per test binary, as policy-server compiles it once, and
+/// interrupted as policy-server interrupts it: after the host model's default `--policy-timeout`
+/// (2 s), unless a test calls it within another timeout ([`validate_within`]).
 pub fn policy() -> &'static WasmPolicy {
     static POLICY: OnceLock<WasmPolicy> = OnceLock::new();
     POLICY.get_or_init(|| {
         let module = root().join("policy.wasm");
-        if let Err(error) = wapc::check_fresh(&module, &root().join("src")) {
+        if let Err(error) = wapc::check_fresh(&module, &root()) {
             panic!("{error:#}");
         }
-        WasmPolicy::load(&module).unwrap_or_else(|e| panic!("{e:#}"))
+        let timeout = proxy::HostModel::from_env().policy_timeout();
+        WasmPolicy::load_for_policy_server(&module, timeout).unwrap_or_else(|e| panic!("{e:#}"))
     })
 }
 
@@ -88,6 +91,38 @@ impl Response {
     pub fn warned(&self, text: &str) -> bool {
         self.warnings.iter().any(|w| w.contains(text))
     }
+
+    /// What the host answered for a policy it interrupted ([`wapc::interrupted_answer`]), in
+    /// the terms of a policy's answer.
+    pub fn from_admission_response(answer: &Value) -> Response {
+        Response {
+            accepted: answer["allowed"].as_bool().expect("allowed is a boolean"),
+            message: answer["status"]["message"].as_str().map(str::to_string),
+            code: answer["status"]["code"].as_u64(),
+            warnings: answer["warnings"]
+                .as_array()
+                .map(|w| {
+                    w.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            mutated: None,
+            audit: serde_json::Map::new(),
+        }
+    }
+
+    /// Whether this is policy-server's answer for an evaluation it interrupted: the whole
+    /// [`wapc::INTERRUPTED`] text, code 500, and nothing of the policy's.
+    pub fn interrupted(&self) -> bool {
+        !self.accepted
+            && self.message.as_deref() == Some(wapc::INTERRUPTED)
+            && self.code == Some(500)
+            && self.warnings.is_empty()
+            && self.mutated.is_none()
+            && self.audit.is_empty()
+    }
 }
 
 pub fn parse_response(bytes: &[u8]) -> Response {
@@ -123,15 +158,35 @@ pub fn parse_response(bytes: &[u8]) -> Response {
     }
 }
 
-/// Runs `validate` on a fresh instance, as policy-server does for every request.
+/// Runs `validate` on a fresh instance, as policy-server does for every request, within the
+/// default `--policy-timeout`; an interrupted evaluation gets policy-server's answer.
 pub fn validate(settings: &Value, request: &Value, host: SharedHost) -> Response {
+    validate_within(settings, request, host, policy_timeout())
+}
+
+/// The same for a policy whose `timeoutEvalSeconds` is `timeout`.
+pub fn validate_within(
+    settings: &Value,
+    request: &Value,
+    host: SharedHost,
+    timeout: wapc::Timeout,
+) -> Response {
     let payload = json!({"settings": settings, "request": request}).to_string();
-    let evaluation = policy().call("validate", payload.as_bytes(), host);
+    let evaluation = policy().call_within("validate", payload.as_bytes(), host, timeout);
+    if evaluation.interrupted {
+        let uid = request["uid"].as_str().unwrap_or_default();
+        return Response::from_admission_response(&wapc::interrupted_answer(uid));
+    }
     parse_response(
         &evaluation
             .result
             .unwrap_or_else(|e| panic!("validate failed: {e}")),
     )
+}
+
+/// The host model's default evaluation timeout (`--policy-timeout`).
+pub fn policy_timeout() -> wapc::Timeout {
+    Some(proxy::HostModel::from_env().policy_timeout())
 }
 
 /// Runs `validate_settings`: `(valid, message)`.

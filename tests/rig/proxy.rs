@@ -52,6 +52,15 @@ impl HostModel {
         }
     }
 
+    /// policy-server's evaluation timeout in seconds when neither `--policy-timeout` nor the
+    /// policy's `timeoutEvalSeconds` is set: the flag's `default_value("2")` (policy-server
+    /// v1.31.0 `src/cli.rs`; kubewarden-controller v1.35.0 `crates/policy-server/src/cli.rs`).
+    pub fn policy_timeout(self) -> u64 {
+        match self {
+            HostModel::V1_31 | HostModel::V1_35 => 2,
+        }
+    }
+
     /// Round trips before a new connection's first request, over HTTPS: TCP and TLS, and on
     /// 1.35 the two more its lookups cost.
     pub fn connect_round_trips(self) -> u32 {
