@@ -27,11 +27,12 @@ test-deps: deps
 
 # Unit tests, then the built module in a wasm host against real registries on loopback; the
 # tests whose registries are far away run under the rig's host model of policy-server 1.35 (the
-# default), then again under 1.31's (tests/distance.rs runs both itself).
+# default), then again under 1.31's and 1.38's (tests/distance.rs runs every model itself).
 FAR_TESTS := --test verify_source --test audit --test prune_wave
 test: test-deps policy.wasm
 	$(CARGO) test --locked
 	RIG_POLICY_SERVER=1.31 $(CARGO) test --locked $(FAR_TESTS)
+	RIG_POLICY_SERVER=1.38 $(CARGO) test --locked $(FAR_TESTS)
 
 # The policy on examples/pod.json with examples/settings.yml; ARGS=--live asks a real registry.
 run: policy.wasm $(if $(findstring --live,$(ARGS)),deps)

@@ -2,8 +2,9 @@
 //! policy-server's evaluation timeout. The mirror is a real registry behind a proxy that adds
 //! round trips to every connection and request; the module reads its own clock (WASI
 //! `clock_time_get`), which is how these tests also show that the clock works under the host.
-//! Each test runs under both host models, policy-server 1.31's lookups and 1.35's, which cost
-//! two round trips more (`rig::proxy::HostModel`).
+//! Each test runs under every host model: policy-server 1.31's lookups, 1.35's, which cost two
+//! round trips more, and 1.38's, which cost 1.35's but are no longer serialised per process
+//! (`rig::proxy::HostModel`, `rig::hosts::Lookups`).
 
 mod rig;
 
@@ -165,11 +166,15 @@ fn far_in(
     .expect("proxy")
 }
 
-/// One policy-server process: its lookup lock and 60-second cache, over one live host.
-fn policy_server() -> (Arc<LookupLock>, Arc<Mutex<LiveHost>>) {
+/// One policy-server process of `model`'s release: its lookups (behind its lock up to 1.37)
+/// and 60-second cache, over one live host.
+fn policy_server(model: HostModel) -> (Arc<LookupLock>, Arc<Mutex<LiveHost>>) {
     (
-        Arc::new(LookupLock::default()),
-        Arc::new(Mutex::new(LiveHost::default())),
+        Arc::new(LookupLock::for_model(model)),
+        Arc::new(Mutex::new(LiveHost {
+            error_shape: model.error_shape(),
+            ..LiveHost::default()
+        })),
     )
 }
 
@@ -205,7 +210,7 @@ fn ordered_mirrors_fail_over_between_hosts_20_ms_away() {
                 ]}],
                 "lookupBudgetMilliseconds": budget,
             });
-            let (lock, live) = policy_server();
+            let (lock, live) = policy_server(model);
             let mut swapped = 0;
             let mut first_costs = Vec::new();
             let mut kept = Vec::new();
@@ -287,7 +292,7 @@ fn near_and_far(near_registry: &TestRegistry, far_registry: &TestRegistry, model
     let request = pod((0..6)
         .map(|i| format!("app{i}:1"))
         .chain(std::iter::once("quay.io/far/app0:1".to_string())));
-    let (lock, live) = policy_server();
+    let (lock, live) = policy_server(model);
     rig::policy();
     for admission in 0..3 {
         let started = Instant::now();
@@ -390,8 +395,7 @@ fn four_concurrent_admissions_share_the_serialised_host_and_all_finish_in_time()
 
 fn four_concurrent(mirror: &TestRegistry, model: HostModel, workers: usize, images_each: usize) {
     let far = far(mirror, 20, model);
-    let lock = Arc::new(LookupLock::default());
-    let live = Arc::new(Mutex::new(LiveHost::default()));
+    let (lock, live) = policy_server(model);
     rig::policy();
     // One lookup alone: its time, to bound the waits.
     let single = {

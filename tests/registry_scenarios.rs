@@ -392,6 +392,8 @@ fn the_rig_host_writes_the_real_hosts_whole_error_texts() {
     let ask = |backtrace: bool| {
         let mut host = LiveHost {
             backtrace,
+            // kwctl 1.31's shape, whatever RIG_POLICY_SERVER says (1.38's: tests/host_texts.rs).
+            error_shape: rig::hosts::ErrorShape::Debug,
             ..LiveHost::default()
         };
         let payload = image.clone();

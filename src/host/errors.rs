@@ -3,8 +3,10 @@
 //! The host reports every failure as text, so only the text tells "the registry says there is no
 //! such image" from "the registry could not be asked". The text is Rust `anyhow`'s debug form of
 //! the host's error (policy-evaluator's `runtimes/callback.rs`:
-//! `format!("Callback evaluation failure: {e:?}")`): a first line, then a `Caused by:` list, and a
-//! `Stack backtrace:` when the host runs with `RUST_BACKTRACE=1`. [`read_host_error`] turns it
+//! `format!("Callback evaluation failure: {e:?}")`): up to policy-server 1.37 a first line, then
+//! a `Caused by:` list; from 1.38 the whole chain on one line (`outer: cause: cause`, see
+//! [`Chain`]); either with a `Stack backtrace:` when the host runs with `RUST_BACKTRACE=1`. Both
+//! shapes read the same. [`read_host_error`] turns it
 //! into one line for a person, and classifies it from the registry's own words only; a refusal
 //! of policy-server's credentials is told apart from other lookup errors, because the operator
 //! fixes it in one place (the PolicyServer's `imagePullSecret`). [`read_verification_error`]
@@ -95,9 +97,9 @@ const TEXT_MAX: usize = 300;
 /// - A refusal of policy-server's credentials (any 401, a token server's refusal, a 403, or a
 ///   message of [`REFUSED_MESSAGES`]) is a lookup error that names `image`'s registry and where
 ///   the credentials come from; Docker Hub's, that the repository may not exist.
-/// - Anything else is a lookup error: its first line, and the root cause of the `Caused by:`
-///   list when the first line does not already say it (`... (Connect): Connection refused (os
-///   error 111)`).
+/// - Anything else is a lookup error: its first error, and what its causes add to it without
+///   the HTTP client's wrappers (`... (Connect): Connection refused (os error 111)`), the same
+///   from either shape of the text.
 pub fn read_host_error(text: &str, image: &str) -> LookupError {
     let text = strip_prefixes(text);
     if text.trim().is_empty() {
@@ -108,23 +110,11 @@ pub fn read_host_error(text: &str, image: &str) -> LookupError {
             "policy-server did not grant this policy the host capability {capability:?}: grant it in PolicyServer spec.namespacedPoliciesCapabilities (a namespaced AdmissionPolicy), or in the policy's hostCapabilities in policies.yml (a policy-server run by hand); cluster-wide policies are granted every capability"
         ));
     }
-    // The backtrace is for the host's developers, never for a kubectl user.
-    // kwctl records only an error's first line, so under RUST_BACKTRACE=1 the backtrace may
-    // follow it directly: cut the blank line before it too.
-    let text = text
-        .find("\nStack backtrace:")
-        .map_or(text, |end| &text[..end])
-        .trim_end();
-    let (head, causes) = match text.find("\n\nCaused by:") {
-        Some(at) => (
-            &text[..at],
-            cause_lines(&text[at + "\n\nCaused by:".len()..]),
-        ),
-        None => (text, Vec::new()),
-    };
-    let head = head
+    let chain = Chain::read(text);
+    let head = chain
+        .head
         .strip_prefix("Fail to interact with OCI registry: ")
-        .unwrap_or(head);
+        .unwrap_or(chain.head);
     // oci-client's `UnauthorizedError` (any 401) and `AuthenticationFailure` (the token server
     // refused): the registry's words are not in the text, only that it said no.
     if head.starts_with("Not authorized: url ") || head.starts_with("Authentication failure: ") {
@@ -160,8 +150,8 @@ pub fn read_host_error(text: &str, image: &str) -> LookupError {
         };
     }
     let head = one_line(head);
-    let line = match causes.last() {
-        Some(root) if !head.contains(root.as_str()) => format!("{head}: {root}"),
+    let line = match chain.causes() {
+        Some(causes) if !head.contains(causes.as_str()) => format!("{head}: {causes}"),
         _ => head,
     };
     LookupError::Failed(bounded(&line))
@@ -206,6 +196,153 @@ fn denied_capability(text: &str) -> Option<&str> {
         .starts_with(" host capability")
         .then_some(capability)
         .filter(|c| !c.is_empty() && c.len() <= 100 && !c.contains(char::is_whitespace))
+}
+
+/// The most `": "`-separated segments of a one-line text searched for its repeated causes: a
+/// host's chain has a handful; a longer text is read as one error.
+const CHAIN_SEGMENTS_MAX: usize = 64;
+
+/// A host error text read as the chain of errors it prints, in either shape the host writes:
+///
+/// - up to policy-server 1.37, anyhow's debug form (`{e:?}`): the first error, a blank line,
+///   then a `Caused by:` list, one cause a line (numbered when there are several);
+/// - from 1.38, the callback handler's caches rewrap every failure as `anyhow!("{e:#}")`
+///   (`try_cached` in viccuad/kubewarden-controller
+///   `crates/policy-evaluator/src/callback_handler/cache_return.rs` @4f232f31, used by `oci.rs`
+///   and `sigstore_verification.rs`), anyhow's alternate display: the same chain on one line,
+///   each error followed by `": "` and its cause. The host then sends it as
+///   `Callback evaluation failure: {e:?}` (`runtimes/callback.rs` @5d3bf086): a new error
+///   with no causes, so only a backtrace may follow it.
+///
+/// The first error often ends with its cause's own words (policy-fetcher's
+/// `Fail to interact with OCI registry: {cause}`), and a cause the head already ends with adds
+/// nothing: it is dropped in both shapes. In the one-line shape that repetition is also the only
+/// sign of where the first error ends; a text without one is read as a single error.
+struct Chain<'a> {
+    /// The first error.
+    head: &'a str,
+    /// What the causes add to it, split where the one-line shape joins errors (`": "`), so that
+    /// both shapes give the same list.
+    causes: Vec<String>,
+}
+
+impl<'a> Chain<'a> {
+    /// Reads `text`, the host's prefixes already removed; a backtrace is cut.
+    fn read(text: &'a str) -> Chain<'a> {
+        // The backtrace is for the host's developers, never for a kubectl user. kwctl records
+        // only an error's first line, so under RUST_BACKTRACE=1 the backtrace may follow it
+        // directly: cut the blank line before it too. Only line ends are trimmed: an empty
+        // last message (`..., message: `) keeps its space, as the one-line shape repeats it.
+        let text = text
+            .find("\nStack backtrace:")
+            .map_or(text, |end| &text[..end])
+            .trim_end_matches(['\n', '\r']);
+        let Some(at) = text.find("\n\nCaused by:") else {
+            return Self::from_one_line(text);
+        };
+        let head = &text[..at];
+        let shown = one_line(head);
+        let causes: Vec<String> = cause_lines(&text[at + "\n\nCaused by:".len()..])
+            .into_iter()
+            .skip_while(|cause| ends_with_error(&shown, cause))
+            .collect();
+        let causes = causes.join(": ");
+        Chain {
+            head,
+            causes: if causes.is_empty() {
+                Vec::new()
+            } else {
+                causes.split(": ").map(str::to_string).collect()
+            },
+        }
+    }
+
+    /// The one-line shape: the first error ends where the text goes on with the words it ends
+    /// with (its cause); causes that repeat the end of the first error are dropped too.
+    fn from_one_line(text: &'a str) -> Chain<'a> {
+        let mut starts = vec![0];
+        starts.extend(text.match_indices(": ").map(|(at, _)| at + 2));
+        let n = starts.len();
+        if n > CHAIN_SEGMENTS_MAX {
+            return Chain {
+                head: text,
+                causes: Vec::new(),
+            };
+        }
+        // Segments `from..to`, joined as they stand in the text.
+        let run = |from: usize, to: usize| -> &'a str {
+            let end = if to < n { starts[to] - 2 } else { text.len() };
+            &text[starts[from]..end]
+        };
+        // The longest run of the head's last segments that the text repeats from `at`.
+        let repeated_at = |head_end: usize, at: usize| -> Option<usize> {
+            (0..head_end)
+                .map(|from| head_end - from)
+                .find(|len| at + len <= n && run(head_end - len, head_end) == run(at, at + len))
+        };
+        for head_end in 1..n {
+            let Some(len) = repeated_at(head_end, head_end) else {
+                continue;
+            };
+            let mut next = head_end + len;
+            while let Some(len) = repeated_at(head_end, next) {
+                next += len;
+            }
+            return Chain {
+                head: run(0, head_end),
+                causes: (next..n).map(|i| one_line(run(i, i + 1))).collect(),
+            };
+        }
+        Chain {
+            head: text,
+            causes: Vec::new(),
+        }
+    }
+
+    /// The causes on one line, without the HTTP client's wrappers (the root cause is what a
+    /// person acts on); none when the head says it all.
+    fn causes(&self) -> Option<String> {
+        let last = self.causes.len().checked_sub(1)?;
+        let kept: Vec<&str> = self
+            .causes
+            .iter()
+            .enumerate()
+            .filter(|(i, cause)| *i == last || !is_client_wrapper(cause))
+            .map(|(_, cause)| cause.as_str())
+            .collect();
+        Some(kept.join(": "))
+    }
+}
+
+/// Whether `head` is `cause`, or ends with it as a whole error (after `": "`).
+fn ends_with_error(head: &str, cause: &str) -> bool {
+    head == cause
+        || head
+            .strip_suffix(cause)
+            .is_some_and(|before| before.ends_with(": "))
+}
+
+/// The words the host's HTTP client puts between a request and its root cause: hyper-util's
+/// legacy client error (`client error (Connect)`, `client error (SendRequest)`: its `Display`
+/// is `"client error ({:?})"` of the kind, hyperium/hyper-util `src/client/legacy/client.rs`)
+/// and its connector's steps (`ConnectError`'s messages: `tcp connect error`, `dns error`,
+/// `tcp open error`, `tcp bind local error`, ..., `src/client/legacy/connect/http.rs`).
+fn is_client_wrapper(cause: &str) -> bool {
+    let kind = cause
+        .strip_prefix("client error (")
+        .and_then(|rest| rest.strip_suffix(')'));
+    if let Some(kind) = kind {
+        return !kind.is_empty() && kind.bytes().all(|b| b.is_ascii_alphanumeric());
+    }
+    cause == "dns error"
+        || cause.strip_prefix("tcp ").is_some_and(|step| {
+            step.strip_suffix(" error").is_some_and(|step| {
+                !step.is_empty()
+                    && step
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b == b' ' || b == b'_')
+            })
+        })
 }
 
 /// The entries of anyhow's `Caused by:` list: `    cause` for one, `    N: cause` for several.
@@ -303,7 +440,12 @@ pub fn read_verification_error(text: &str, image: &str) -> LookupError {
     if denied_capability(stripped).is_some() {
         return read_host_error(text, image);
     }
-    let first = stripped.lines().next().unwrap_or_default().trim_end();
+    let first = Chain::read(stripped)
+        .head
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end();
     const UNVERIFIED: [&str; 3] = [
         "no signatures found for image",
         "Image verification failed",
@@ -491,13 +633,19 @@ mod tests {
     #[case::rate_limited("toomanyrequests: You have reached your pull rate limit.", false)]
     #[case::unavailable("service unavailable", false)]
     fn refusal_wordings_are_read_from_the_envelope(#[case] message: &str, #[case] refused: bool) {
-        let text = format!(
-            "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: {message}]"
+        let error = format!(
+            "Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: {message}]"
         );
-        let read = read_host_error(&text, "m.io/x:1");
-        let blames_credentials =
-            matches!(&read, LookupError::Failed(line) if line.contains("imagePullSecret"));
-        assert_eq!(blames_credentials, refused, "{read:?}");
+        let first_line = format!("Fail to interact with OCI registry: {error}");
+        let texts = [vec![first_line.clone()], shapes(&[&first_line, &error])].concat();
+        let first = read_host_error(&first_line, "m.io/x:1");
+        for text in &texts {
+            let read = read_host_error(text, "m.io/x:1");
+            let blames_credentials =
+                matches!(&read, LookupError::Failed(line) if line.contains("imagePullSecret"));
+            assert_eq!(blames_credentials, refused, "{text:?}: {read:?}");
+            assert_eq!(read, first, "{text:?}");
+        }
     }
 
     /// Every registry's wording for a missing manifest or repository, and wordings that only
@@ -541,14 +689,21 @@ mod tests {
     #[case::failed_to_fetch_a_token("failed to fetch oauth token: unexpected status", false)]
     #[case::artifact_store_error("artifact storage unavailable", false)]
     fn registry_wordings_are_read_from_the_envelope(#[case] message: &str, #[case] absent: bool) {
-        let text = format!(
-            "Fail to interact with OCI registry: Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: {message}]"
+        let error = format!(
+            "Registry error: url https://m.io/v2/x/manifests/1, envelope: OCI API errors: [OCI API error: {message}]"
         );
-        assert_eq!(
-            matches!(read_host_error(&text, "m.io/x:1"), LookupError::Absent(_)),
-            absent,
-            "{message}"
-        );
+        let first_line = format!("Fail to interact with OCI registry: {error}");
+        let texts = [vec![first_line.clone()], shapes(&[&first_line, &error])].concat();
+        let first = read_host_error(&first_line, "m.io/x:1");
+        for text in &texts {
+            let read = read_host_error(text, "m.io/x:1");
+            assert_eq!(
+                matches!(read, LookupError::Absent(_)),
+                absent,
+                "{text:?}: {read:?}"
+            );
+            assert_eq!(read, first, "{text:?}");
+        }
     }
 
     /// A marker in the URL (a repository called `not_found`) never makes an outage "absent".
@@ -564,6 +719,239 @@ mod tests {
             matches!(read_host_error(text, "m.io/x:1"), LookupError::Failed(_)),
             "{text}"
         );
+    }
+
+    /// `chain` as policy-server up to 1.37 writes it: anyhow's debug form, the first error, a
+    /// blank line and `Caused by:` (its one entry unnumbered, several numbered from 0).
+    fn debug_shape(chain: &[&str]) -> String {
+        let mut text = chain.first().copied().unwrap_or_default().to_string();
+        match chain.get(1..).unwrap_or_default() {
+            [] => {}
+            [cause] => text.push_str(&format!("\n\nCaused by:\n    {cause}")),
+            causes => {
+                text.push_str("\n\nCaused by:");
+                for (n, cause) in causes.iter().enumerate() {
+                    text.push_str(&format!("\n    {n}: {cause}"));
+                }
+            }
+        }
+        text
+    }
+
+    /// `chain` as policy-server 1.38 writes it: `anyhow!("{e:#}")` (cache_return.rs), anyhow's
+    /// alternate display, which writes each error of the chain after the one before and ": ".
+    fn alternate_shape(chain: &[&str]) -> String {
+        chain.join(": ")
+    }
+
+    /// Every whole text the host may send for `chain`: both shapes, each in the host's wrapping
+    /// (`Callback evaluation failure: `), with and without a backtrace, and the waPC guest's
+    /// `Host error: ` before it.
+    fn shapes(chain: &[&str]) -> Vec<String> {
+        let mut texts = Vec::new();
+        for shape in [debug_shape(chain), alternate_shape(chain)] {
+            texts.push(shape.clone());
+            texts.push(format!("Callback evaluation failure: {shape}"));
+            texts.push(format!("Callback evaluation failure: {shape}{BACKTRACE}"));
+            texts.push(format!("Host error: Callback evaluation failure: {shape}"));
+        }
+        texts
+    }
+
+    fn described(read: LookupError) -> String {
+        match read {
+            LookupError::Unverified(why) => format!("unverified {why}"),
+            LookupError::Absent(why) => format!("absent {why}"),
+            LookupError::Failed(why) => format!("failed {why}"),
+            LookupError::OverBudget(refusal) => format!("budget {refusal:?}"),
+        }
+    }
+
+    /// The manifest URL of the tables' cases (a macro, for `concat!`).
+    macro_rules! u {
+        () => {
+            "https://m.io/v2/hub/app/manifests/1"
+        };
+    }
+    const CONNECTION_REFUSED: &str = "failed error sending request for url (https://m.io/v2/hub/app/manifests/1): Connection refused (os error 111)";
+    const CREDENTIALS: &str = "failed registry m.io refused policy-server's credentials for it, or policy-server has none (Not authorized: url https://m.io/v2/hub/app/manifests/1): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for m.io there (ECR tokens expire after 12 hours)";
+
+    /// Every host text the policy classifies, as the chain of errors the host holds, read in
+    /// both shapes (up to 1.37 multi-line, from 1.38 on one line), each wrapped and with a
+    /// backtrace: one reading, which is what the warnings and audit annotations say.
+    #[rstest]
+    #[case::absent_distribution(
+        &[concat!("Fail to interact with OCI registry: Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: manifest unknown]"),
+          concat!("Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: manifest unknown]")],
+        "absent registry: manifest unknown"
+    )]
+    #[case::absent_two_wordings(
+        &[concat!("Fail to interact with OCI registry: Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: manifest unknown\nOCI API error: repository name not known to registry]"),
+          concat!("Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: manifest unknown\nOCI API error: repository name not known to registry]")],
+        "absent registry: manifest unknown; repository name not known to registry"
+    )]
+    #[case::absent_ecr_repository(
+        &[concat!("Fail to interact with OCI registry: Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: The repository with name 'hub/app' does not exist in the registry with id '123456789012']"),
+          concat!("Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: The repository with name 'hub/app' does not exist in the registry with id '123456789012']")],
+        "absent registry: The repository with name 'hub/app' does not exist in the registry with id '123456789012'"
+    )]
+    #[case::absent_http_404(
+        &[concat!("Fail to interact with OCI registry: Server error: url ", u!(), ", code: 404, message: "),
+          concat!("Server error: url ", u!(), ", code: 404, message: ")],
+        "absent HTTP 404 from https://m.io/v2/hub/app/manifests/1"
+    )]
+    #[case::http_500(
+        &[concat!("Fail to interact with OCI registry: Server error: url ", u!(), ", code: 500, message: upstream timed out"),
+          concat!("Server error: url ", u!(), ", code: 500, message: upstream timed out")],
+        "failed HTTP 500 from https://m.io/v2/hub/app/manifests/1: upstream timed out"
+    )]
+    #[case::token_server_404(
+        &["Fail to interact with OCI registry: Server error: url https://auth.m.io/token?scope=x, code: 404, message: ",
+          "Server error: url https://auth.m.io/token?scope=x, code: 404, message: "],
+        "failed HTTP 404 from https://auth.m.io/token?scope=x"
+    )]
+    #[case::unrecognised_wording_is_a_lookup_error(
+        &[concat!("Fail to interact with OCI registry: Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: artifact storage unavailable]"),
+          concat!("Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: artifact storage unavailable]")],
+        "failed registry: artifact storage unavailable"
+    )]
+    #[case::not_authorized(
+        &[concat!("Fail to interact with OCI registry: Not authorized: url ", u!(), ""), concat!("Not authorized: url ", u!(), "")],
+        CREDENTIALS
+    )]
+    #[case::token_server_refusal(
+        &["Fail to interact with OCI registry: Authentication failure: {\"details\":\"incorrect username or password\"}",
+          "Authentication failure: {\"details\":\"incorrect username or password\"}"],
+        "failed registry m.io refused policy-server's credentials for it, or policy-server has none (Authentication failure: {\"details\":\"incorrect username or password\"}): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for m.io there (ECR tokens expire after 12 hours)"
+    )]
+    #[case::refused_in_the_envelope(
+        &[concat!("Fail to interact with OCI registry: Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: Your authorization token has expired. Reauthenticate and try again.]"),
+          concat!("Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: Your authorization token has expired. Reauthenticate and try again.]")],
+        "failed registry m.io refused policy-server's credentials for it, or policy-server has none (registry: Your authorization token has expired. Reauthenticate and try again.): lookups use the docker config in the PolicyServer's imagePullSecret, read at every lookup; renew the credentials for m.io there (ECR tokens expire after 12 hours)"
+    )]
+    #[case::connection_refused(
+        &[concat!("Fail to interact with OCI registry: error sending request for url (", u!(), ")"), concat!("error sending request for url (", u!(), ")"),
+          "client error (Connect)", "tcp connect error", "Connection refused (os error 111)"],
+        CONNECTION_REFUSED
+    )]
+    #[case::hang_closed_without_answer(
+        &[concat!("Fail to interact with OCI registry: error sending request for url (", u!(), ")"), concat!("error sending request for url (", u!(), ")"),
+          "client error (SendRequest)", "connection closed before message completed"],
+        "failed error sending request for url (https://m.io/v2/hub/app/manifests/1): connection closed before message completed"
+    )]
+    #[case::hang_timed_out(
+        &[concat!("Fail to interact with OCI registry: error sending request for url (", u!(), ")"), concat!("error sending request for url (", u!(), ")"),
+          "operation timed out"],
+        "failed error sending request for url (https://m.io/v2/hub/app/manifests/1): operation timed out"
+    )]
+    #[case::dns_whose_root_cause_has_a_colon(
+        &[concat!("Fail to interact with OCI registry: error sending request for url (", u!(), ")"), concat!("error sending request for url (", u!(), ")"),
+          "client error (Connect)", "dns error", "failed to lookup address information: Name or service not known"],
+        "failed error sending request for url (https://m.io/v2/hub/app/manifests/1): failed to lookup address information: Name or service not known"
+    )]
+    #[case::tls_whose_root_cause_has_a_colon(
+        &[concat!("Fail to interact with OCI registry: error sending request for url (", u!(), ")"), concat!("error sending request for url (", u!(), ")"),
+          "client error (Connect)", "invalid peer certificate: UnknownIssuer"],
+        "failed error sending request for url (https://m.io/v2/hub/app/manifests/1): invalid peer certificate: UnknownIssuer"
+    )]
+    #[case::an_outer_error_that_does_not_repeat_its_cause(
+        &["Fail to interact with OCI registry: operation timed out"],
+        "failed operation timed out"
+    )]
+    fn host_texts_read_the_same_in_both_shapes(#[case] chain: &[&str], #[case] expected: &str) {
+        for text in shapes(chain) {
+            assert_eq!(
+                described(read_host_error(&text, "m.io/hub/app:1")),
+                expected,
+                "{text:?}"
+            );
+        }
+    }
+
+    /// policy-server's refusal of a capability is one error with no cause (`host_capability_denied`
+    /// in policy-evaluator `runtimes/callback.rs`: 1.35's text, and @5d3bf086's, which adds "The
+    /// violation has been reported."), in both shapes and under the guest library's prefix.
+    #[rstest]
+    #[case::v1_35(
+        "Policy has not been granted access to the 'oci/v1/manifest_digest' host capability."
+    )]
+    #[case::from_1_38(
+        "Policy has not been granted access to the 'oci/v1/manifest_digest' host capability. The violation has been reported."
+    )]
+    fn a_denied_capability_reads_the_same_in_both_shapes(#[case] text: &str) {
+        let expected = "failed policy-server did not grant this policy the host capability \"oci/v1/manifest_digest\": grant it in PolicyServer spec.namespacedPoliciesCapabilities (a namespaced AdmissionPolicy), or in the policy's hostCapabilities in policies.yml (a policy-server run by hand); cluster-wide policies are granted every capability";
+        for text in [
+            text.to_string(),
+            format!("Host error: {text}"),
+            format!("{text}{BACKTRACE}"),
+        ] {
+            assert_eq!(
+                described(read_host_error(&text, "m.io/hub/app:1")),
+                expected,
+                "{text:?}"
+            );
+            assert_eq!(
+                described(read_verification_error(&text, "m.io/hub/app:1")),
+                expected,
+                "{text:?}"
+            );
+        }
+    }
+
+    /// A verification's texts (the chains the rig's `oci/v2/verify` gives, from policy-fetcher
+    /// and sigstore-rs at v1.35.0), in both shapes: the same reading.
+    #[rstest]
+    #[case::no_signature_tag(&["no signatures found for image: m.io/hub/app:1 "], "unverified no signatures found for image: m.io/hub/app:1")]
+    #[case::signatures_satisfy_nothing(
+        &["Image verification failed: missing signatures\nThe following constraints were not satisfied:\nkind: pubKey\nowner: null\nkey: |\n  -----BEGIN PUBLIC KEY-----\n  MFkw\n  -----END PUBLIC KEY-----\nannotations: null\n"],
+        "unverified Image verification failed: missing signatures"
+    )]
+    #[case::certificate(&["verification failed: Several Signature Layers failed verification"], "unverified verification failed: Several Signature Layers failed verification")]
+    #[case::signature_of_another_digest(
+        &["failed to get image trusted layers: No Signature Layer passed verification", "No Signature Layer passed verification"],
+        "unverified No Signature Layer passed verification: no signature there names the image's digest"
+    )]
+    #[case::image_absent(
+        &[concat!("failed to get image trusted layers: Cannot fetch manifest of m.io/hub/app:1: Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: manifest unknown]"),
+          concat!("Cannot fetch manifest of m.io/hub/app:1: Registry error: url ", u!(), ", envelope: OCI API errors: [OCI API error: manifest unknown]")],
+        "absent registry: manifest unknown"
+    )]
+    #[case::image_refused_credentials(
+        &[concat!("failed to get image trusted layers: Cannot fetch manifest of m.io/hub/app:1: Not authorized: url ", u!(), ""),
+          concat!("Cannot fetch manifest of m.io/hub/app:1: Not authorized: url ", u!(), "")],
+        CREDENTIALS
+    )]
+    #[case::registry_down(
+        &[concat!("failed to get image trusted layers: Cannot fetch manifest of m.io/hub/app:1: error sending request for url (", u!(), ")"),
+          concat!("Cannot fetch manifest of m.io/hub/app:1: error sending request for url (", u!(), ")")],
+        "failed error sending request for url (https://m.io/v2/hub/app/manifests/1)"
+    )]
+    fn verification_texts_read_the_same_in_both_shapes(
+        #[case] chain: &[&str],
+        #[case] expected: &str,
+    ) {
+        for text in shapes(chain) {
+            assert_eq!(
+                described(read_verification_error(&text, "m.io/hub/app:1")),
+                expected,
+                "{text:?}"
+            );
+        }
+    }
+
+    /// The one-line shape is read by its repetitions only: a text that repeats nothing is one
+    /// error, and a long text is not searched.
+    #[rstest]
+    #[case::no_repetition(
+        "Fail to interact with OCI registry: something: else entirely",
+        "failed something: else entirely"
+    )]
+    #[case::many_segments(&format!("Fail to interact with OCI registry: {}", ["x"; 80].join(": ")), &format!("failed {}", truncated(&["x"; 80].join(": "), TEXT_MAX)))]
+    fn one_line_texts_without_a_repeated_cause_are_one_error(
+        #[case] text: &str,
+        #[case] expected: &str,
+    ) {
+        assert_eq!(described(read_host_error(text, "m.io/hub/app:1")), expected);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::proxy::HostModel;
 use super::wapc::Host;
 
 /// The manifest types Kubewarden's OCI client asks for.
@@ -93,6 +94,56 @@ pub fn anyhow_debug(chain: &[String], backtrace: bool) -> String {
     text
 }
 
+/// How policy-server 1.38 words a failed lookup: its caches rewrap the error as
+/// `anyhow!("{e:#}")` (`try_cached`, viccuad/kubewarden-controller
+/// `crates/policy-evaluator/src/callback_handler/cache_return.rs` @4f232f31), anyhow's alternate
+/// display, which writes every error of the chain, each followed by ": " and its cause; the host
+/// then sends `Callback evaluation failure: {e:?}` of that new error (`runtimes/callback.rs`
+/// @5d3bf086), which has no causes to list, and a backtrace under `RUST_BACKTRACE=1` (captured
+/// where `anyhow!` made it).
+pub fn anyhow_alternate(chain: &[String], backtrace: bool) -> String {
+    let mut text = chain.join(": ");
+    if backtrace {
+        text.push_str(BACKTRACE);
+    }
+    text
+}
+
+/// The two shapes of a host error text: up to policy-server 1.37, anyhow's debug form (first
+/// line, `Caused by:` list); from 1.38, the chain on one line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorShape {
+    Debug,
+    Alternate,
+}
+
+impl Default for ErrorShape {
+    /// The shape of `RIG_POLICY_SERVER`'s release.
+    fn default() -> Self {
+        HostModel::from_env().error_shape()
+    }
+}
+
+/// What of the host a release changes beside its lookups' cost (`proxy.rs` models that):
+/// kept here, beside the hosts they shape.
+impl HostModel {
+    /// How this release writes error texts.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            HostModel::V1_31 | HostModel::V1_35 => ErrorShape::Debug,
+            HostModel::V1_38 => ErrorShape::Alternate,
+        }
+    }
+
+    /// How this release runs the lookups of concurrent evaluations.
+    pub fn lookups(self) -> Lookups {
+        match self {
+            HostModel::V1_31 | HostModel::V1_35 => Lookups::Serialised,
+            HostModel::V1_38 => Lookups::Parallel,
+        }
+    }
+}
+
 /// What anyhow appends under `RUST_BACKTRACE=1`: twenty-odd frames of the host's own code.
 pub const BACKTRACE: &str = "\n\nStack backtrace:
    0: anyhow::error::<impl core::convert::From<E> for anyhow::Error>::from
@@ -143,6 +194,8 @@ pub struct LiveHost {
     /// The cluster the Kubernetes host capabilities read (`verifiers`); without one, a list is
     /// answered as a policy-server whose Kubernetes client could not be built.
     pub cluster: Option<super::kubernetes::Cluster>,
+    /// How the host writes an error's chain: by `RIG_POLICY_SERVER`'s release by default.
+    pub error_shape: ErrorShape,
 }
 
 /// `host/repository[:tag|@digest]` split as the registry API needs it.
@@ -214,6 +267,14 @@ impl LiveHost {
             .build()
     }
 
+    /// An error's chain as this host writes it to the guest.
+    fn render(&self, chain: &[String]) -> String {
+        match self.error_shape {
+            ErrorShape::Debug => anyhow_debug(chain, self.backtrace),
+            ErrorShape::Alternate => anyhow_alternate(chain, self.backtrace),
+        }
+    }
+
     /// The credentials the docker config holds for `host` (`auths.<host>.auth`, or its
     /// `username` and `password`), read afresh: none when there is no config or no entry.
     fn credentials(&self, host: &str) -> Option<String> {
@@ -279,7 +340,7 @@ impl LiveHost {
     /// the URL and none of the registry's words (`validate_registry_response`, oci-client
     /// `client.rs`).
     fn error_text(&self, url: &str, error: ureq::Error) -> String {
-        anyhow_debug(&Self::error_chain(url, error), self.backtrace)
+        self.render(&Self::error_chain(url, error))
     }
 
     /// policy-fetcher's prefix, then oci-client's own words, then their causes.
@@ -360,12 +421,9 @@ impl LiveHost {
         match session.request("HEAD", &urls.0).call() {
             Ok(response) => match response.header("Docker-Content-Digest") {
                 Some(digest) => Ok(json!({ "digest": digest }).to_string()),
-                None => Err(anyhow_debug(
-                    &[format!(
-                        "{REGISTRY_PREFIX}: Registry did not return a digest header"
-                    )],
-                    self.backtrace,
-                )),
+                None => Err(self.render(&[format!(
+                    "{REGISTRY_PREFIX}: Registry did not return a digest header"
+                )])),
             },
             // A HEAD answer has no body, and no digest header: the client asks again with a
             // GET and reads that answer (oci-client's `fetch_manifest_digest`).
@@ -417,13 +475,10 @@ impl LiveHost {
         let image = request["image"].as_str().unwrap_or_default();
         let (session, urls, repository) = self.open(image)?;
         let trusted_layers = |error: String| {
-            anyhow_debug(
-                &[
-                    format!("failed to get image trusted layers: {error}"),
-                    error,
-                ],
-                self.backtrace,
-            )
+            self.render(&[
+                format!("failed to get image trusted layers: {error}"),
+                error,
+            ])
         };
         let digest = match session.request("HEAD", &urls.0).call() {
             Ok(response) => response
@@ -464,10 +519,7 @@ impl LiveHost {
         {
             Some(manifest) => manifest,
             None => {
-                return Err(anyhow_debug(
-                    &[format!("no signatures found for image: {image} ")],
-                    self.backtrace,
-                ));
+                return Err(self.render(&[format!("no signatures found for image: {image} ")]));
             }
         };
         let layers = super::cosign::SignatureLayer::read_all(&manifest, &digest, |blob| {
@@ -482,8 +534,7 @@ impl LiveHost {
                 "No Signature Layer passed verification".to_string(),
             ));
         }
-        super::cosign::judge(request, &layers)
-            .map_err(|text| anyhow_debug(&[text], self.backtrace))?;
+        super::cosign::judge(request, &layers).map_err(|text| self.render(&[text]))?;
         // The SDK's `VerificationResponse`, fields in its order.
         Ok(format!(
             r#"{{"is_trusted":true,"digest":{}}}"#,
@@ -765,12 +816,22 @@ impl Host for InstantHost {
 ///
 /// The cache's clock is the real one plus what [`LookupLock::advance`] added, so that a test
 /// can show what the host answers a minute later without waiting a minute.
+///
+/// From policy-server 1.38 there is no such lock: with [`Lookups::Parallel`] (the default under
+/// `RIG_POLICY_SERVER=1.38`, or [`LookupLock::for_model`]) the same cache is kept without it,
+/// and identical misses in flight are shared instead (see [`Lookups`]).
 #[derive(Default)]
 pub struct LookupLock {
     tickets: Mutex<(u64, u64)>,
     turn: Condvar,
     answers: Mutex<BTreeMap<CacheKey, (Duration, Vec<u8>)>>,
     clock: RigClock,
+    /// Whether the lock is taken at all: by `RIG_POLICY_SERVER`'s release unless set.
+    pub lookups: Lookups,
+    /// 1.38: the misses being asked now, each awaited by the identical calls that come meanwhile.
+    flights: Mutex<BTreeMap<CacheKey, Arc<Flight>>>,
+    /// 1.38: the one verification of the process at a time.
+    verifying: Mutex<()>,
 }
 
 /// The real monotonic clock, which a test may move forward.
@@ -835,7 +896,7 @@ pub struct PolicyServer<H> {
     pub inner: Arc<Mutex<H>>,
 }
 
-impl<H: Host + Send + 'static> PolicyServer<H> {
+impl<H: Host + Fork + Send + 'static> PolicyServer<H> {
     pub fn new(inner: H) -> PolicyServer<H> {
         PolicyServer {
             lock: Arc::new(LookupLock::default()),
@@ -877,7 +938,7 @@ impl<H> Clone for SerialisedHost<H> {
     }
 }
 
-impl<H: Host> Host for SerialisedHost<H> {
+impl<H: Host + Fork> Host for SerialisedHost<H> {
     fn call(
         &mut self,
         binding: &str,
@@ -885,6 +946,9 @@ impl<H: Host> Host for SerialisedHost<H> {
         operation: &str,
         payload: &[u8],
     ) -> Result<Vec<u8>, String> {
+        if self.lock.lookups == Lookups::Parallel {
+            return self.call_in_parallel(binding, namespace, operation, payload);
+        }
         let inner = self.inner.clone();
         let lock = self.lock.clone();
         let key = (operation.to_string(), payload.to_vec());
@@ -904,5 +968,166 @@ impl<H: Host> Host for SerialisedHost<H> {
             }
             answer
         })
+    }
+}
+
+/// How one policy-server process runs the OCI lookups of its concurrent evaluations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookups {
+    /// Up to 1.37: one process-wide lock held across every uncached lookup ([`LookupLock`]).
+    Serialised,
+    /// From 1.38 (adm-controller PR #1952): each operation's cache is a
+    /// `moka::future::Cache` (60 s time to live, successful answers only) that every lookup goes
+    /// through as `cache.entry(image).or_try_insert_with(lookup)` (`try_cached` in
+    /// viccuad/kubewarden-controller `crates/policy-evaluator/src/callback_handler/cache_return.rs`
+    /// and `oci.rs` @4f232f31), and each host call is a task of its own (`tokio::spawn` in
+    /// `handle_request`, `callback_handler.rs` @4f232f31). So lookups of different images run at
+    /// once; identical misses meanwhile wait for the one in flight and share its answer, an error
+    /// too, which is not kept (moka `future/value_initializer.rs`, `try_init_or_read`: an `Err`
+    /// goes to the waiters as `WaiterValue::Ready(Err(..))` and nothing is inserted). A
+    /// verification (`oci/v2/verify`) goes through the same kind of cache, and then waits for
+    /// the process's one cosign client, a `tokio::sync::Mutex` (`sigstore_verification.rs`
+    /// @07db3d53, held across the signature fetch by policy-fetcher's verifier: KUBEWARDEN.md,
+    /// inferred): verifications stay one at a time per process.
+    Parallel,
+}
+
+impl Default for Lookups {
+    /// The lookups of `RIG_POLICY_SERVER`'s release.
+    fn default() -> Self {
+        HostModel::from_env().lookups()
+    }
+}
+
+impl LookupLock {
+    /// The process of `model`'s release.
+    pub fn for_model(model: HostModel) -> LookupLock {
+        LookupLock {
+            lookups: model.lookups(),
+            ..LookupLock::default()
+        }
+    }
+
+    /// A fresh cached answer for `key`.
+    fn cached(&self, key: &CacheKey) -> Option<Vec<u8>> {
+        let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers
+            .get(key)
+            .filter(|(at, _)| self.clock.now().saturating_sub(*at) < HOST_CACHE)
+            .map(|(_, answer)| answer.clone())
+    }
+}
+
+/// One miss in flight and the identical calls waiting for its answer.
+#[derive(Default)]
+struct Flight {
+    answer: Mutex<Option<Result<Vec<u8>, String>>>,
+    done: Condvar,
+}
+
+impl Flight {
+    fn wait(&self) -> Result<Vec<u8>, String> {
+        let mut answer = self.answer.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(answer) = answer.as_ref() {
+                return answer.clone();
+            }
+            answer = self.done.wait(answer).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn finish(&self, result: &Result<Vec<u8>, String>) {
+        *self.answer.lock().unwrap_or_else(|e| e.into_inner()) = Some(result.clone());
+        self.done.notify_all();
+    }
+}
+
+/// A host whose calls can run at once from several evaluations: a copy asks (so that no lock is
+/// held across the registry's answer), and its record joins the host's after.
+pub trait Fork {
+    /// A copy that asks as this host asks, with an empty record.
+    fn fork(&self) -> Self;
+    /// Takes the copy's record into this host's.
+    fn absorb(&mut self, copy: Self);
+}
+
+impl Fork for LiveHost {
+    fn fork(&self) -> LiveHost {
+        LiveHost {
+            backtrace: self.backtrace,
+            docker_config: self.docker_config.clone(),
+            aliases: self.aliases.clone(),
+            error_shape: self.error_shape,
+            cluster: self.cluster.clone(),
+            ..LiveHost::default()
+        }
+    }
+
+    fn absorb(&mut self, copy: LiveHost) {
+        self.exchanges.extend(copy.exchanges);
+    }
+}
+
+impl<H: Host + Fork> SerialisedHost<H> {
+    /// A call as policy-server 1.38 makes it ([`Lookups::Parallel`]).
+    fn call_in_parallel(
+        &mut self,
+        binding: &str,
+        namespace: &str,
+        operation: &str,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let key = (operation.to_string(), payload.to_vec());
+        if let Some(answer) = self.lock.cached(&key) {
+            return Ok(answer);
+        }
+        let flight = {
+            let mut flights = self.lock.flights.lock().unwrap_or_else(|e| e.into_inner());
+            // Answered while this call waited for the map: a hit after all.
+            if let Some(answer) = self.lock.cached(&key) {
+                return Ok(answer);
+            }
+            match flights.get(&key) {
+                Some(flight) => Err(flight.clone()),
+                None => {
+                    let flight = Arc::new(Flight::default());
+                    flights.insert(key.clone(), flight.clone());
+                    Ok(flight)
+                }
+            }
+        };
+        let flight = match flight {
+            Ok(flight) => flight,
+            Err(in_flight) => return in_flight.wait(),
+        };
+        let mut copy = self.inner.lock().unwrap_or_else(|e| e.into_inner()).fork();
+        let answer = {
+            let _one_verification = (operation == "v2/verify").then(|| {
+                self.lock
+                    .verifying
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+            });
+            copy.call(binding, namespace, operation, payload)
+        };
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .absorb(copy);
+        // Kept before the flight ends, so that a later call finds the answer or the flight.
+        if let Ok(bytes) = &answer {
+            self.lock
+                .answers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), (self.lock.clock.now(), bytes.clone()));
+        }
+        self.lock
+            .flights
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+        flight.finish(&answer);
+        answer
     }
 }
