@@ -655,7 +655,7 @@ fn every_alert_fires_on_its_cause_and_clears_under_promtool() {
             let name = case["alertname"].as_str().unwrap_or_default().to_string();
             let alert = alerts
                 .iter()
-                .find(|a| a["alert"] == serde_json::Value::from(name.as_str()))
+                .find(|a| a["alert"] == name.as_str())
                 .unwrap_or_else(|| panic!("no alert {name} in the PrometheusRule"));
             let expected = case["exp_alerts"].as_array_mut().expect("exp_alerts");
             if expected.is_empty() {

@@ -323,7 +323,7 @@ fn signature_cases_expect_what_the_table_and_the_recorded_host_say() {
             Some(refusal) => {
                 assert_eq!(swapped, None, "{name}: never swapped past a refusal");
                 let settings = read_yaml(&dir.join("settings.yml"));
-                let rejected = settings["onUnverified"] == Value::from("reject");
+                let rejected = settings["onUnverified"] == "reject";
                 assert_eq!(expect["allowed"], Value::Bool(!rejected), "{name}");
                 let (list, text) = if rejected {
                     ("rejected", expect["message"].as_str())
