@@ -887,7 +887,7 @@ fn every_token_refresh_keeps_ahead_of_the_tokens_life() {
             };
             assert!(
                 2 * period + SECRET_SYNC_MINUTES <= lifetime,
-                "{place}: mirror-credentials every {period} min: {registry} tokens last \
+                "{place}: mirror-credentials every {period} min: its token ({registry}) lasts \
                  {lifetime} min, so after one failed run the next comes too late \
                  (2 x {period} + {SECRET_SYNC_MINUTES} min > {lifetime} min)"
             );
