@@ -1253,3 +1253,70 @@ fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
     assert_eq!(parsed(lifecycle(&kept)), parsed(Some(own.to_string())));
     assert_eq!(lifecycle("other/app"), None);
 }
+
+/// The roles install.md creates for deploy/eks-ecr are the ones its ServiceAccounts name: each
+/// `aws iam create-role --role-name R --assume-role-policy-document file://…/irsa-trust-SA.json`
+/// trusts exactly `system:serviceaccount:kubewarden:SA` (for `sts.amazonaws.com`), and the
+/// overlay's ServiceAccount SA carries `eks.amazonaws.com/role-arn` of role R.
+#[test]
+fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
+    let install = read(&rig::root().join("docs/install.md")).replace("\\\n", " ");
+    let (_, eks) = rendered_overlays()
+        .into_iter()
+        .find(|(place, _)| place == "deploy/eks-ecr")
+        .expect("deploy/eks-ecr");
+    let mut checked = 0;
+    for command in install
+        .lines()
+        .filter(|l| l.starts_with("aws iam create-role "))
+    {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let after = |flag: &str| {
+            words
+                .iter()
+                .position(|w| *w == flag)
+                .and_then(|i| words.get(i + 1))
+                .unwrap_or_else(|| panic!("{command}: no {flag}"))
+                .to_string()
+        };
+        let role = after("--role-name");
+        let trust_path = after("--assume-role-policy-document");
+        let trust_path = trust_path.strip_prefix("file://").expect("file://");
+        let account = trust_path
+            .rsplit_once("irsa-trust-")
+            .and_then(|(_, name)| name.strip_suffix(".json"))
+            .expect("irsa-trust-SA.json");
+        let trust = rig::read_json(&rig::root().join(trust_path));
+        let conditions = &trust["Statement"][0]["Condition"]["StringEquals"];
+        let value = |suffix: &str| -> Vec<String> {
+            conditions
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k.ends_with(suffix))
+                .filter_map(|(_, v)| v.as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(
+            value(":sub"),
+            [format!("system:serviceaccount:kubewarden:{account}")],
+            "{trust_path}"
+        );
+        assert_eq!(value(":aud"), ["sts.amazonaws.com"], "{trust_path}");
+        assert_eq!(
+            trust["Statement"][0]["Action"], "sts:AssumeRoleWithWebIdentity",
+            "{trust_path}"
+        );
+        let annotation = eks
+            .iter()
+            .find(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == account)
+            .and_then(|d| d["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].as_str())
+            .unwrap_or_else(|| panic!("deploy/eks-ecr: no ServiceAccount {account} with a role"));
+        assert!(
+            annotation.ends_with(&format!(":role/{role}")),
+            "deploy/eks-ecr: ServiceAccount {account} names {annotation}, install.md creates {role}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "the read role and the fill job's");
+}
