@@ -1,0 +1,586 @@
+//! The fill job's watch mode (`scripts/fill-mirror.sh --watch` and `--copier`), with real
+//! parts: the shipped script, Debian's `skopeo` and `jq`, real registries on loopback, the
+//! swapping role's records written by the built module. Only the API server is a stand-in: a
+//! fake `kubectl` on PATH that serves a recorded list and watch streams in the API server's
+//! shape (`GET /api/v1/pods?labelSelector=...`: a PodList with `metadata.resourceVersion`;
+//! `?watch=1&allowWatchBookmarks=true&...&resourceVersion=RV`: one `{"type", "object"}` event a
+//! line, ADDED, MODIFIED, DELETED, BOOKMARK with only the resourceVersion, ERROR with a Status
+//! 410 "too old resource version") and records every request and every patch it is sent.
+
+mod rig;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rig::hosts::LiveHost;
+use rig::images::Image;
+use rig::registry::TestRegistry;
+use rig::{pod_request, shared, validate};
+use serde_json::{Value, json};
+
+const LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
+const RECORD: &str = "image-swapper.kubewarden.io/unmirrored-images";
+const LIST: &str = "/api/v1/pods?labelSelector=image-swapper.kubewarden.io%2Funmirrored";
+
+/// `kubectl` where the API server would be: answers from the files in `$FAKE_KUBE` (list-N.json
+/// for the N-th list, watch-N.jsonl for the N-th watch, where `#sleep S` waits and `#fail TEXT`
+/// ends the stream with kubectl's error; a watch with no file stays open), records each request
+/// in `calls` and each patch in `patches` ("NAMESPACE/NAME PATCH").
+const FAKE_KUBECTL: &str = r#"#!/usr/bin/env bash
+set -u
+dir=${FAKE_KUBE:?}
+next() {
+  local n=0
+  [[ -f $dir/$1.count ]] && n=$(<"$dir/$1.count")
+  echo $((n + 1)) >"$dir/$1.count"
+  echo "$n"
+}
+if [[ ${1:-} == get && ${2:-} == --raw ]]; then
+  printf '%s\n' "$3" >>"$dir/calls"
+  if [[ $3 == *watch=1* ]]; then
+    n=$(next watch)
+    [[ -f $dir/watch-$n.jsonl ]] || exec sleep 600
+    while IFS= read -r line; do
+      case $line in
+        '#sleep '*) sleep "${line#'#sleep '}" ;;
+        '#fail '*) echo "${line#'#fail '}" >&2; exit 1 ;;
+        *) printf '%s\n' "$line" ;;
+      esac
+    done <"$dir/watch-$n.jsonl"
+    exit 0
+  fi
+  n=$(next list)
+  [[ -f $dir/list-$n.json ]] || n=0
+  cat "$dir/list-$n.json"
+  exit 0
+fi
+if [[ ${1:-} == get ]]; then
+  printf '%s\n' "$*" >>"$dir/calls"
+  case $2 in
+    clusteradmissionpolicies*) cat "$dir/policy.json" ;;
+    *) echo '{"apiVersion":"v1","kind":"List","items":[]}' ;;
+  esac
+  exit 0
+fi
+if [[ ${1:-} == patch && $2 == pod && $3 == -n && $6 == --type=json && $7 == -p ]]; then
+  printf '%s/%s %s\n' "$4" "$5" "$8" >>"$dir/patches"
+  echo "pod/$5 patched"
+  exit 0
+fi
+echo "fake kubectl: unexpected $*" >&2
+exit 1
+"#;
+
+/// skopeo as it is, each call recorded in `$SKOPEO_LOG` first.
+const SKOPEO_SHIM: &str = r#"#!/usr/bin/env bash
+printf '%s\n' "$*" >>"${SKOPEO_LOG:?}"
+exec /usr/bin/skopeo "$@"
+"#;
+
+struct Cluster {
+    source: TestRegistry,
+    mirror: TestRegistry,
+    dir: PathBuf,
+    rv: u64,
+}
+
+/// A process group of the script's, ended with it.
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("image-swapper-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("bin")).expect("temp dir");
+    dir
+}
+
+fn executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+fn wait_until(what: &str, seconds: u64, mut done: impl FnMut() -> bool, log: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while !done() {
+        if Instant::now() > deadline {
+            panic!("{what}: not within {seconds} s\n{}", log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Cluster {
+    fn start(name: &str) -> Cluster {
+        let cluster = Cluster {
+            source: TestRegistry::start(&format!("{name}-source")).expect("registry"),
+            mirror: TestRegistry::start(&format!("{name}-mirror")).expect("registry"),
+            dir: tempdir(name),
+            rv: 100,
+        };
+        executable(&cluster.dir.join("bin/kubectl"), FAKE_KUBECTL);
+        executable(&cluster.dir.join("bin/skopeo"), SKOPEO_SHIM);
+        cluster.write(
+            "policy.json",
+            &json!({"apiVersion": "policies.kubewarden.io/v1", "kind": "ClusterAdmissionPolicy",
+                "metadata": {"name": "image-swapper"}, "spec": {"settings": cluster.settings()}}),
+        );
+        cluster
+    }
+
+    fn settings(&self) -> Value {
+        json!({"mirrors": [{"source": self.source.host, "target": format!("{}/hub", self.mirror.host)}]})
+    }
+
+    fn write(&self, name: &str, value: &Value) {
+        std::fs::write(self.dir.join(name), value.to_string()).expect("write");
+    }
+
+    /// A watch stream: the events, one a line, and the fake's own `#` lines.
+    fn stream(&self, n: usize, lines: &[String]) {
+        std::fs::write(
+            self.dir.join(format!("watch-{n}.jsonl")),
+            lines.join("\n") + "\n",
+        )
+        .expect("write");
+    }
+
+    fn list(&self, n: usize, rv: u64, pods: &[Value]) {
+        self.write(
+            &format!("list-{n}.json"),
+            &json!({"kind": "PodList", "apiVersion": "v1",
+                "metadata": {"resourceVersion": rv.to_string()}, "items": pods}),
+        );
+    }
+
+    /// A Pod as the API server stores it after the swapping role admitted it: `containers`
+    /// (name, source image), the record the built module wrote for those the mirror lacks.
+    fn pod(&mut self, name: &str, containers: &[(&str, &str)]) -> Value {
+        let spec = json!({"containers": containers.iter()
+            .map(|(n, image)| json!({"name": n, "image": format!("{}/{image}", self.source.host)}))
+            .collect::<Vec<_>>()});
+        let admitted = validate(
+            &json!({"mirrors": self.settings()["mirrors"]}),
+            &pod_request("CREATE", spec.clone()),
+            shared(LiveHost::default()),
+        );
+        let mut pod = admitted
+            .mutated
+            .expect("the policy records what the mirror lacks");
+        assert_eq!(pod["metadata"]["labels"][LABEL], "true", "{pod}");
+        self.rv += 1;
+        pod["metadata"]["name"] = json!(name);
+        pod["metadata"]["namespace"] = json!("default");
+        pod["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        pod
+    }
+
+    fn path(&self) -> String {
+        format!(
+            "{}:{}",
+            self.dir.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    fn run(&self, name: &str, args: &[&str]) -> Running {
+        use std::os::unix::process::CommandExt;
+        let log = self.dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("log");
+        let child = Command::new("bash")
+            .arg(rig::root().join("scripts/fill-mirror.sh"))
+            .args(args)
+            .arg("--spool")
+            .arg(self.dir.join("spool"))
+            .env("PATH", self.path())
+            .env("FAKE_KUBE", &self.dir)
+            .env("SKOPEO_LOG", self.dir.join("skopeo.log"))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .process_group(0)
+            .spawn()
+            .expect("fill-mirror.sh");
+        Running { child, log }
+    }
+
+    fn watcher(&self) -> Running {
+        self.run("watcher", &["--watch"])
+    }
+
+    fn copier(&self, extra: &[&str]) -> Running {
+        let mut args = vec!["--copier", "--insecure"];
+        args.extend_from_slice(extra);
+        self.run("copier", &args)
+    }
+
+    fn text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
+    }
+
+    /// The requests for Pods the fake was asked, in order.
+    fn pod_calls(&self) -> Vec<String> {
+        self.text("calls")
+            .lines()
+            .filter(|l| l.starts_with("/api/v1/pods"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The patches sent, as (namespace/name, patch).
+    fn patches(&self) -> Vec<(String, Value)> {
+        self.text("patches")
+            .lines()
+            .map(|l| {
+                let (pod, patch) = l.split_once(' ').expect("POD PATCH");
+                (
+                    pod.to_string(),
+                    serde_json::from_str(patch).expect("JSON patch"),
+                )
+            })
+            .collect()
+    }
+
+    fn in_mirror(&self, repository: &str, tag: &str) -> Option<String> {
+        self.mirror.digest_of(&format!("hub/{repository}"), tag)
+    }
+}
+
+fn event(kind: &str, object: &Value) -> String {
+    json!({"type": kind, "object": object}).to_string()
+}
+
+fn bookmark(rv: u64) -> String {
+    json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+        "metadata": {"resourceVersion": rv.to_string(),
+            "annotations": {"k8s.io/initial-events-end": "true"}}}})
+    .to_string()
+}
+
+fn watch(rv: u64) -> String {
+    format!(
+        "/api/v1/pods?watch=1&allowWatchBookmarks=true&labelSelector=image-swapper.kubewarden.io%2Funmirrored&resourceVersion={rv}"
+    )
+}
+
+/// The text of one entry of a record, as its bytes stand in the record.
+fn entry_text<'a>(record: &'a str, container: &str) -> &'a str {
+    let key = format!("\"{container}\":{{");
+    let start = record.find(&key).expect("entry") + key.len() - 1;
+    let end = record[start..].find('}').expect("entry end") + start + 1;
+    &record[start..end]
+}
+
+/// A JSON patch applied as the API server would (the ops the watcher sends).
+fn apply(pod: &mut Value, patch: &Value) -> bool {
+    let field = |path: &str| -> (String, String) {
+        let mut parts = path.trim_start_matches('/').split('/');
+        let (_, map, key) = (parts.next(), parts.next().unwrap_or(""), parts.next());
+        (
+            map.to_string(),
+            key.unwrap_or("").replace("~1", "/").replace("~0", "~"),
+        )
+    };
+    for op in patch.as_array().expect("a list of ops") {
+        let (map, key) = field(op["path"].as_str().expect("path"));
+        let target = &mut pod["metadata"][map.as_str()];
+        match op["op"].as_str() {
+            Some("test") if target[key.as_str()] != op["value"] => return false,
+            Some("test") => {}
+            Some("replace") => target[key.as_str()] = op["value"].clone(),
+            Some("remove") => {
+                target.as_object_mut().and_then(|m| m.remove(&key));
+            }
+            other => panic!("unexpected op {other:?}"),
+        }
+    }
+    true
+}
+
+/// The events of one stream in the API server's shape: a Pod ADDED, another MODIFIED (its
+/// record now names a second image), a third ADDED then DELETED, a bookmark, and the end of the
+/// stream (the API server's timeout), resumed from the bookmark's resourceVersion. Every image
+/// of the Pods still there is copied; each is marked once, the deleted one never.
+#[test]
+fn the_watch_follows_added_modified_deleted_and_a_bookmark_and_resumes_where_it_was() {
+    let mut cluster = Cluster::start("watch-events");
+    for (repository, tag) in [("app", "1"), ("web", "2"), ("db", "3"), ("gone", "4")] {
+        Image::new(&format!("{repository} {tag}"), "linux/amd64").push(
+            &cluster.source,
+            repository,
+            Some(tag),
+        );
+    }
+    let a = cluster.pod("a", &[("app", "app:1")]);
+    cluster.list(0, 100, std::slice::from_ref(&a));
+    let b = cluster.pod("b", &[("web", "web:2")]);
+    let a2 = cluster.pod("a", &[("app", "app:1"), ("db", "db:3")]);
+    let mut c = cluster.pod("c", &[("gone", "gone:4")]);
+    let c_added = c.clone();
+    c["metadata"]["resourceVersion"] = json!("140");
+    cluster.stream(
+        0,
+        &[
+            event("ADDED", &b),
+            event("MODIFIED", &a2),
+            event("ADDED", &c_added),
+            event("DELETED", &c),
+            bookmark(150),
+        ],
+    );
+    let watcher = cluster.watcher();
+    wait_until(
+        "the stream resumed",
+        10,
+        || cluster.pod_calls().len() >= 3,
+        || watcher.log(),
+    );
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until(
+        "a's and b's images in the mirror, both Pods marked",
+        20,
+        || cluster.patches().len() >= 2,
+        log,
+    );
+    assert_eq!(
+        cluster.pod_calls(),
+        [LIST.to_string(), watch(100), watch(150)]
+    );
+    for (repository, tag) in [("app", "1"), ("web", "2"), ("db", "3")] {
+        assert!(
+            cluster.in_mirror(repository, tag).is_some(),
+            "{repository}:{tag}\n{}",
+            log()
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let patches = cluster.patches();
+    let mut marked: Vec<&str> = patches.iter().map(|(pod, _)| pod.as_str()).collect();
+    marked.sort_unstable();
+    assert_eq!(marked, ["default/a", "default/b"], "{}", log());
+    let (_, patch_a) = patches
+        .iter()
+        .find(|(pod, _)| pod == "default/a")
+        .expect("a");
+    // The record a MODIFIED event brought, not the listed one.
+    assert_eq!(
+        patch_a[0]["value"], a2["metadata"]["annotations"][RECORD],
+        "{patch_a}"
+    );
+}
+
+/// A stream that ends, then one that answers 410 Gone (an ERROR event, "too old resource
+/// version"), then a watch the API server refuses with 410 itself (kubectl's error): each
+/// resume asks for the last resourceVersion seen, and each expiry lists again and watches from
+/// the new list's resourceVersion. A Pod of each list is copied.
+#[test]
+fn an_expired_watch_lists_again_and_each_resume_asks_for_the_last_resource_version() {
+    let mut cluster = Cluster::start("watch-expired");
+    for repository in ["one", "two", "three"] {
+        Image::new(repository, "linux/amd64").push(&cluster.source, repository, Some("1"));
+    }
+    let one = cluster.pod("one", &[("one", "one:1")]);
+    let two = cluster.pod("two", &[("two", "two:1")]);
+    let three = cluster.pod("three", &[("three", "three:1")]);
+    cluster.list(0, 100, &[one]);
+    cluster.stream(0, &[bookmark(150), bookmark(170)]);
+    cluster.stream(
+        1,
+        &[json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": "too old resource version: 170 (300)",
+            "reason": "Expired", "code": 410}})
+        .to_string()],
+    );
+    cluster.list(1, 300, &[two]);
+    cluster.stream(
+        2,
+        &["#fail Error from server (Expired): too old resource version: 300 (400)".to_string()],
+    );
+    cluster.list(2, 400, &[three]);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("three lists", 15, || cluster.pod_calls().len() >= 7, log);
+    assert_eq!(
+        cluster.pod_calls(),
+        [
+            LIST.to_string(),
+            watch(100),
+            watch(170),
+            LIST.to_string(),
+            watch(300),
+            LIST.to_string(),
+            watch(400)
+        ],
+        "{}",
+        log()
+    );
+    wait_until(
+        "each list's Pod copied",
+        20,
+        || {
+            ["one", "two", "three"]
+                .iter()
+                .all(|r| cluster.in_mirror(r, "1").is_some())
+        },
+        log,
+    );
+}
+
+/// Ten Pods ask for one image, one event each, arriving while the copy runs (the source is 50 ms
+/// away) and after it is done: skopeo is run for it once (one look at the mirror, one copy).
+/// Each Pod is then marked with one patch that tests its record and removes it and the label,
+/// and once the patches are applied no Pod carries the label: the kept-Pods alert's count is 0.
+#[test]
+fn ten_pods_asking_for_one_image_copy_it_once_and_every_pod_is_marked() {
+    use rig::proxy::{HostModel, LatencyProxy, Transport};
+    let mut cluster = Cluster::start("watch-dedup");
+    Image::new("shared 1", "linux/amd64").push(&cluster.source, "shared", Some("1"));
+    let far = LatencyProxy::start_as(
+        &cluster.source.host,
+        Duration::from_millis(50),
+        HostModel::V1_31,
+        Transport::PlainHttp,
+    )
+    .expect("proxy");
+    let near = cluster.source.host.clone();
+    // The Pods name the source through the proxy; the policy's record is written for it.
+    cluster.source.host = far.host.clone();
+    let mut pods: Vec<Value> = (0..10)
+        .map(|n| cluster.pod(&format!("web-{n}"), &[("web", "shared:1")]))
+        .collect();
+    cluster.source.host = near;
+    cluster.write(
+        "policy.json",
+        &json!({"spec": {"settings": {"mirrors": [{"source": far.host, "target": format!("{}/hub", cluster.mirror.host)}]}}}),
+    );
+    cluster.list(0, 100, &[]);
+    let mut lines = Vec::new();
+    for pod in &pods {
+        lines.push(event("ADDED", pod));
+        lines.push("#sleep 0.15".to_string());
+    }
+    cluster.stream(0, &lines);
+    let copier = cluster.copier(&[]);
+    let watcher = cluster.watcher();
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("ten Pods marked", 30, || cluster.patches().len() >= 10, log);
+    let destination = format!("docker://{}/hub/shared:1", cluster.mirror.host);
+    let skopeo = cluster.text("skopeo.log");
+    let runs: Vec<&str> = skopeo
+        .lines()
+        .filter(|l| l.contains(&destination))
+        .collect();
+    assert_eq!(
+        runs.len(),
+        2,
+        "one inspect and one copy:\n{skopeo}\n{}",
+        log()
+    );
+    assert!(runs[1].starts_with("copy "), "{skopeo}");
+    let patches = cluster.patches();
+    for pod in &mut pods {
+        let key = format!(
+            "default/{}",
+            pod["metadata"]["name"].as_str().expect("name")
+        );
+        let patch = &patches.iter().find(|(p, _)| *p == key).expect("a patch").1;
+        assert_eq!(
+            patch,
+            &json!([
+                {"op": "test", "path": "/metadata/annotations/image-swapper.kubewarden.io~1unmirrored-images",
+                 "value": pod["metadata"]["annotations"][RECORD]},
+                {"op": "remove", "path": "/metadata/annotations/image-swapper.kubewarden.io~1unmirrored-images"},
+                {"op": "remove", "path": "/metadata/labels/image-swapper.kubewarden.io~1unmirrored"},
+            ]),
+            "{key}"
+        );
+        assert!(apply(pod, patch), "the test op holds");
+    }
+    assert_eq!(patches.len(), 10, "{}", log());
+    let labelled = pods
+        .iter()
+        .filter(|p| p["metadata"]["labels"][LABEL] == "true")
+        .count();
+    assert_eq!(
+        labelled, 0,
+        "count(kube_pod_labels{{...unmirrored=\"true\"}})"
+    );
+}
+
+/// A Pod with two recorded images, one whose source is gone: the patch removes the copied
+/// one's entry only, and keeps the other byte for byte, with the label; a record that is not
+/// the policy's own (another Pod's, naming a destination of its own) is refused on one line,
+/// never copied, never marked.
+#[test]
+fn the_patch_removes_only_the_entries_the_mirror_now_holds() {
+    let mut cluster = Cluster::start("watch-patch");
+    Image::new("web 7", "linux/amd64").push(&cluster.source, "web", Some("7"));
+    Image::new("side 1", "linux/amd64").push(&cluster.source, "side", Some("1"));
+    let pod = cluster.pod("two", &[("web", "web:7"), ("side", "side:1")]);
+    let mut forged = cluster.pod("forged", &[("web", "web:7")]);
+    let record = forged["metadata"]["annotations"][RECORD]
+        .as_str()
+        .expect("record")
+        .replace("hub/web:7", "hub/elsewhere:7");
+    forged["metadata"]["annotations"][RECORD] = json!(record);
+    // side:1 goes before the copier looks: its source is gone.
+    let side = cluster.source.digest_of("side", "1").expect("side");
+    cluster
+        .source
+        .delete_manifest("side", &side)
+        .expect("delete");
+    cluster.list(0, 100, &[pod.clone(), forged]);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("one patch", 20, || !cluster.patches().is_empty(), log);
+    std::thread::sleep(Duration::from_millis(500));
+    let old = pod["metadata"]["annotations"][RECORD]
+        .as_str()
+        .expect("record");
+    let kept = format!("{{\"side\":{}}}", entry_text(old, "side"));
+    assert_eq!(
+        cluster.patches(),
+        [(
+            "default/two".to_string(),
+            json!([
+                {"op": "test", "path": "/metadata/annotations/image-swapper.kubewarden.io~1unmirrored-images", "value": old},
+                {"op": "replace", "path": "/metadata/annotations/image-swapper.kubewarden.io~1unmirrored-images", "value": kept},
+            ])
+        )],
+        "{}",
+        log()
+    );
+    assert!(cluster.in_mirror("elsewhere", "7").is_none());
+    let refused = watcher.log();
+    assert_eq!(
+        refused
+            .lines()
+            .filter(|l| l.starts_with("fill-mirror: refused default/forged container web"))
+            .count(),
+        1,
+        "{refused}"
+    );
+    assert!(copier.log().contains("gone docker://"), "{}", copier.log());
+}
