@@ -462,6 +462,8 @@ watch_record=image-swapper.kubewarden.io~1unmirrored-images
 watch_label=image-swapper.kubewarden.io~1unmirrored
 
 now_seconds() { printf '%(%s)T' -1; }
+# Milliseconds since the epoch (bash 5's EPOCHREALTIME).
+now_ms() { local t=${EPOCHREALTIME/[.,]/}; echo $((10#${t:0:-3})); }
 
 # The spool's name of a copy line, in REPLY (cached: one sha256sum per copy).
 declare -A spool_keys=()
@@ -601,6 +603,7 @@ mark_records() {
           else [{op: "remove", path: $path}, {op: "remove", path: "/metadata/labels/'"$watch_label"'"}] end') || continue
     namespace=${key%%/*} name=${key#*/}
     if kubectl patch pod -n "$namespace" "$name" --type=json -p "$patch" >/dev/null 2>"$watch_state/patch.err"; then
+      filled=("${filled[@]//\"/}")
       echo "marked $key: the mirror holds $(IFS=,; echo "${filled[*]}")"
     else
       echo "fill-mirror: could not mark $key (read again at its next event): $(grep . "$watch_state/patch.err" | tail -n 1)" >&2
@@ -760,7 +763,7 @@ copier_main() {
   rm -f "$spool"/in-flight/*.log
   trap 'kill "${!running[@]}" 2>/dev/null; exit 0' TERM INT
   while :; do
-    now=$(now_seconds)
+    now=$(now_ms)
     for pid in "${!running[@]}"; do
       ! kill -0 "$pid" 2>/dev/null || continue
       wait "$pid" 2>/dev/null || true
@@ -776,15 +779,15 @@ copier_main() {
       elif grep -q '^gone ' "$log"; then
         mv "$spool/in-flight/$key" "$spool/gone/$key"
       elif grep -qiE "$too_busy" "$log"; then
-        host_delay[$host]=$((${host_delay[$host]:-0} ? ${host_delay[$host]} * 2 : retry))
+        host_delay[$host]=$((${host_delay[$host]:-0} ? ${host_delay[$host]:-0} * 2 : retry))
         ((host_delay[$host] <= 300)) || host_delay[$host]=300
-        host_until[$host]=$((now + host_delay[$host]))
+        host_until[$host]=$((now + host_delay[$host] * 1000))
         echo "fill-mirror: $host answered $(grep -oiE "$too_busy" "$log" | head -n 1), its copies wait ${host_delay[$host]}s"
         mv "$spool/in-flight/$key" "$spool/$input/$key"
       else
-        key_delay[$key]=$((${key_delay[$key]:-0} ? ${key_delay[$key]} * 2 : retry))
+        key_delay[$key]=$((${key_delay[$key]:-0} ? ${key_delay[$key]:-0} * 2 : retry))
         ((key_delay[$key] <= 300)) || key_delay[$key]=300
-        key_until[$key]=$((now + key_delay[$key]))
+        key_until[$key]=$((now + key_delay[$key] * 1000))
         echo "fill-mirror: docker://$source to docker://$destination again in ${key_delay[$key]}s"
         mv "$spool/in-flight/$key" "$spool/$input/$key"
       fi

@@ -72,10 +72,15 @@ echo "fake kubectl: unexpected $*" >&2
 exit 1
 "#;
 
-/// skopeo as it is, each call recorded in `$SKOPEO_LOG` first.
+/// skopeo as it is, each call recorded in `$SKOPEO_LOG` first, and its start and end (epoch
+/// seconds) in `$SKOPEO_LOG.times` ("start|end PID ARGS").
 const SKOPEO_SHIM: &str = r#"#!/usr/bin/env bash
 printf '%s\n' "$*" >>"${SKOPEO_LOG:?}"
-exec /usr/bin/skopeo "$@"
+printf 'start %s %s %s\n' "$(date +%s.%N)" "$$" "$1" >>"$SKOPEO_LOG.times"
+/usr/bin/skopeo "$@"
+status=$?
+printf 'end %s %s %s\n' "$(date +%s.%N)" "$$" "$1" >>"$SKOPEO_LOG.times"
+exit $status
 "#;
 
 struct Cluster {
@@ -583,4 +588,152 @@ fn the_patch_removes_only_the_entries_the_mirror_now_holds() {
         "{refused}"
     );
     assert!(copier.log().contains("gone docker://"), "{}", copier.log());
+}
+
+/// A source registry that answers 429 Too Many Requests (`Retry-After: 0`, so that skopeo's own
+/// retries give up at once) to its first `busy` HTTP requests, then relays to the registry. A
+/// TLS handshake is closed at once (skopeo `--tls-verify=false` then speaks plain HTTP). It
+/// records when each plain-HTTP connection arrived.
+struct Busy {
+    host: String,
+    arrivals: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+}
+
+impl Busy {
+    fn start(upstream: &str, busy: usize) -> Busy {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let host = listener.local_addr().expect("address").to_string();
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let (seen, upstream) = (arrivals.clone(), upstream.to_string());
+        let answered = Arc::new(AtomicUsize::new(0));
+        std::thread::spawn(move || {
+            for mut client in listener.incoming().flatten() {
+                let mut first = [0u8; 1];
+                if client.peek(&mut first).unwrap_or(0) == 0 || first[0] == 0x16 {
+                    continue;
+                }
+                seen.lock().expect("lock").push(Instant::now());
+                if answered.fetch_add(1, Ordering::SeqCst) < busy {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && client.read(&mut byte).unwrap_or(0) == 1 {
+                        head.push(byte[0]);
+                    }
+                    let body = r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"slow down"}]}"#;
+                    let _ = write!(
+                        client,
+                        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (mut to_server, mut from_server) = (server.try_clone().expect("clone"), server);
+                let mut from_client = client.try_clone().expect("clone");
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_client, &mut to_server);
+                    let _ = to_server.shutdown(std::net::Shutdown::Write);
+                });
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_server, &mut client);
+                    let _ = client.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Busy { host, arrivals }
+    }
+}
+
+/// A source that answers 429 to a copy: the copier names it, and no copy from it starts for
+/// `--retry` seconds (1 here), the other image's included; then both are copied.
+#[test]
+fn a_source_answering_429_is_left_alone_for_the_retry_time_then_copied() {
+    let mut cluster = Cluster::start("watch-429");
+    for repository in ["first", "second"] {
+        Image::new(repository, "linux/amd64").push(&cluster.source, repository, Some("1"));
+    }
+    // skopeo asks /v2/ five times, then /v1/_ping five times, before it gives up.
+    let busy = Busy::start(&cluster.source.host, 10);
+    let near = cluster.source.host.clone();
+    cluster.source.host = busy.host.clone();
+    let pods = [
+        cluster.pod("first", &[("web", "first:1")]),
+        cluster.pod("second", &[("web", "second:1")]),
+    ];
+    cluster.write(
+        "policy.json",
+        &json!({"spec": {"settings": cluster.settings()}}),
+    );
+    cluster.source.host = near;
+    cluster.list(0, 100, &pods);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&["--jobs", "1", "--retry", "1"]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until(
+        "both copied",
+        20,
+        || cluster.in_mirror("first", "1").is_some() && cluster.in_mirror("second", "1").is_some(),
+        log,
+    );
+    assert!(
+        copier.log().contains(&format!(
+            "fill-mirror: {} answered too many requests, its copies wait 1s",
+            busy.host
+        )),
+        "{}",
+        log()
+    );
+    let arrivals = busy.arrivals.lock().expect("lock").clone();
+    let longest = arrivals
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    assert!(
+        longest >= Duration::from_millis(900),
+        "no pause of the retry time between the 429s and the next request: {longest:?}\n{}",
+        log()
+    );
+}
+
+/// Six images at once with `--jobs 2`: never more than two skopeo copies run at the same time,
+/// and two do.
+#[test]
+fn at_most_jobs_copies_run_at_once() {
+    let mut cluster = Cluster::start("watch-jobs");
+    let mut pods = Vec::new();
+    for n in 0..6 {
+        let repository = format!("app{n}");
+        Image::new(&repository, "linux/amd64").push(&cluster.source, &repository, Some("1"));
+        pods.push(cluster.pod(&repository, &[("web", &format!("{repository}:1"))]));
+    }
+    cluster.list(0, 100, &pods);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&["--jobs", "2"]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("six Pods marked", 30, || cluster.patches().len() >= 6, log);
+    let times = cluster.text("skopeo.log.times");
+    let mut events: Vec<(f64, i32)> = times
+        .lines()
+        .filter(|l| l.ends_with(" copy"))
+        .map(|l| {
+            let mut parts = l.split(' ');
+            let kind = parts.next().expect("kind");
+            let at: f64 = parts.next().expect("time").parse().expect("seconds");
+            (at, if kind == "start" { 1 } else { -1 })
+        })
+        .collect();
+    events.sort_by(|a, b| a.partial_cmp(b).expect("ordered"));
+    let (mut now, mut most) = (0, 0);
+    for (_, change) in &events {
+        now += change;
+        most = most.max(now);
+    }
+    assert_eq!(events.len(), 12, "{times}");
+    assert_eq!(most, 2, "{times}\n{}", log());
 }
