@@ -24,8 +24,9 @@ const RECORD: &str = "image-swapper.kubewarden.io/unmirrored-images";
 const LIST: &str = "/api/v1/pods?labelSelector=image-swapper.kubewarden.io%2Funmirrored";
 
 /// `kubectl` where the API server would be: answers from the files in `$FAKE_KUBE` (list-N.json
-/// for the N-th list, watch-N.jsonl for the N-th watch, where `#sleep S` waits and `#fail TEXT`
-/// ends the stream with kubectl's error; a watch with no file stays open), records each request
+/// for the N-th list, watch-N.jsonl for the N-th watch, where `#sleep S` waits, `#wait FILE`
+/// waits for the test to write FILE, and `#fail TEXT` ends the stream with kubectl's error; a
+/// watch with no file stays open), records each request
 /// in `calls` and each patch in `patches` ("NAMESPACE/NAME PATCH").
 const FAKE_KUBECTL: &str = r#"#!/usr/bin/env bash
 set -u
@@ -45,6 +46,7 @@ if [[ ${1:-} == get && ${2:-} == --raw ]]; then
       case $line in
         '#sleep '*) sleep "${line#'#sleep '}" ;;
         '#fail '*) echo "${line#'#fail '}" >&2; exit 1 ;;
+        '#wait '*) until [[ -e $dir/${line#'#wait '} ]]; do sleep 0.05; done ;;
         *) printf '%s\n' "$line" ;;
       esac
     done <"$dir/watch-$n.jsonl"
@@ -452,8 +454,8 @@ fn an_expired_watch_lists_again_and_each_resume_asks_for_the_last_resource_versi
     );
 }
 
-/// Ten Pods ask for one image, one event each, arriving while the copy runs (the source is 50 ms
-/// away) and after it is done: skopeo is run for it once (one look at the mirror, one copy).
+/// Ten Pods ask for one image, one event each, five arriving while the copy runs (the source is
+/// 50 ms away) and five after it is done: skopeo is run for it once (one look at the mirror, one copy).
 /// Each Pod is then marked with one patch that tests its record and removes it and the label,
 /// and once the patches are applied no Pod carries the label: the kept-Pods alert's count is 0.
 #[test]
@@ -481,7 +483,10 @@ fn ten_pods_asking_for_one_image_copy_it_once_and_every_pod_is_marked() {
     );
     cluster.list(0, 100, &[]);
     let mut lines = Vec::new();
-    for pod in &pods {
+    for (n, pod) in pods.iter().enumerate() {
+        if n == 5 {
+            lines.push("#wait copied".to_string());
+        }
         lines.push(event("ADDED", pod));
         lines.push("#sleep 0.15".to_string());
     }
@@ -489,6 +494,14 @@ fn ten_pods_asking_for_one_image_copy_it_once_and_every_pod_is_marked() {
     let copier = cluster.copier(&[]);
     let watcher = cluster.watcher();
     let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until(
+        "the image in the mirror",
+        20,
+        || cluster.in_mirror("shared", "1").is_some(),
+        log,
+    );
+    assert!(cluster.patches().len() < 10, "five Pods are still to come");
+    std::fs::write(cluster.dir.join("copied"), "").expect("write");
     wait_until("ten Pods marked", 30, || cluster.patches().len() >= 10, log);
     let destination = format!("docker://{}/hub/shared:1", cluster.mirror.host);
     let skopeo = cluster.text("skopeo.log");
