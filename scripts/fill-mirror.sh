@@ -616,6 +616,7 @@ mark_records() {
 relist() {
   local delay=1 list
   until list=$(kubectl get --raw "/api/v1/pods?labelSelector=$watch_selector" 2>"$watch_state/list.err"); do
+    : >"$watch_state/alive"
     echo "fill-mirror: listing the recorded Pods failed, again in ${delay}s: $(grep . "$watch_state/list.err" | tail -n 1)" >&2
     sleep "$delay"
     delay=$((delay < 30 ? delay * 2 : 30))
@@ -705,6 +706,7 @@ watch_main() {
   start_watch
   next_period=0
   while :; do
+    : >"$watch_state/alive"
     read_events
     watch_events=$((watch_events + ${#batch[@]}))
     process_events
@@ -763,6 +765,7 @@ copier_main() {
   rm -f "$spool"/in-flight/*.log
   trap 'kill "${!running[@]}" 2>/dev/null; exit 0' TERM INT
   while :; do
+    : >"$spool/copier.alive"
     now=$(now_ms)
     for pid in "${!running[@]}"; do
       ! kill -0 "$pid" 2>/dev/null || continue
@@ -814,7 +817,9 @@ case $mode in
   copier) copier_main ;;
 esac
 
-if [[ -n $copies_file ]]; then
+if [[ $mode == ecr-prepare && -n $spool ]]; then
+  work=
+elif [[ -n $copies_file ]]; then
   if [[ ! -r $copies_file ]]; then
     echo "fill-mirror: --copies $copies_file cannot be read" >&2
     exit 2
@@ -970,6 +975,46 @@ ecr_repository() {
     return 1
   fi
 }
+
+# With --spool: the ECR step of the watch mode, between the watcher and the copier (the AWS CLI's
+# image, no skopeo, no jq). Each queued copy's repository is created, its registry's login
+# written to REGISTRY_AUTH_FILE (again every 6 hours: ECR's tokens last 12), and the copy moved
+# to ready/, where a copier started with --prepared takes it.
+ecr_spool_main() {
+  local file source destination host now
+  local -A logged=()
+  spool_dirs
+  trap 'exit 0' TERM INT
+  while :; do
+    : >"$spool/ecr.alive"
+    now=$(now_seconds)
+    for host in "${!logged[@]}"; do
+      ((now - logged[$host] >= 21600)) || continue
+      if ecr_login "$host"; then logged[$host]=$now; else logged[$host]=$((now - 21600 + 60)); fi
+    done
+    for file in "$spool"/queue/*; do
+      [[ -e $file ]] || continue
+      read -r source destination <"$file" || continue
+      host=${destination%%/*}
+      if [[ -z ${logged[$host]:-} ]]; then
+        if ecr_login "$host"; then
+          logged[$host]=$now
+          echo "logged in to $host"
+        else
+          # Again in a minute; its copies fail meanwhile, and say so.
+          logged[$host]=$((now - 21600 + 60))
+          echo "fill-mirror: could not log in to $host with aws ecr get-login-password; its copies will fail" >&2
+        fi
+      fi
+      ecr_repository "$destination" || echo "fill-mirror: the copy to docker://$destination will fail" >&2
+      mv "$file" "$spool/ready/${file##*/}"
+    done
+    sleep 0.5
+  done
+}
+if [[ $mode == ecr-prepare && -n $spool ]]; then
+  ecr_spool_main
+fi
 
 if [[ $mode == ecr-prepare ]]; then
   prepared=0 unprepared=0
