@@ -210,6 +210,10 @@ impl Cluster {
     }
 
     fn run(&self, name: &str, args: &[&str]) -> Running {
+        self.run_with(name, args, &self.path(), &[])
+    }
+
+    fn run_with(&self, name: &str, args: &[&str], path: &str, env: &[(&str, String)]) -> Running {
         use std::os::unix::process::CommandExt;
         let log = self.dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("log");
@@ -218,7 +222,8 @@ impl Cluster {
             .args(args)
             .arg("--spool")
             .arg(self.dir.join("spool"))
-            .env("PATH", self.path())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("PATH", path)
             .env("FAKE_KUBE", &self.dir)
             .env("SKOPEO_LOG", self.dir.join("skopeo.log"))
             .stdin(Stdio::null())
@@ -749,4 +754,91 @@ fn at_most_jobs_copies_run_at_once() {
     }
     assert_eq!(events.len(), 12, "{times}");
     assert_eq!(most, 2, "{times}\n{}", log());
+}
+
+/// The AWS CLI's container, as a PATH: bash, coreutils and aws; no skopeo, no jq, no kubectl.
+fn aws_cli_image(dir: &Path) -> PathBuf {
+    let tools = dir.join("aws-cli-image");
+    std::fs::create_dir_all(&tools).expect("dir");
+    for tool in [
+        "bash", "aws", "sort", "base64", "grep", "tail", "env", "mktemp", "mv", "mkdir", "sleep",
+    ] {
+        // pyenv's shims are scripts that need pyenv: link the program itself.
+        let found = Command::new("bash")
+            .args([
+                "-c",
+                &format!("pyenv which {tool} 2>/dev/null || command -v {tool}"),
+            ])
+            .output()
+            .expect("command -v");
+        let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
+        let _ = std::os::unix::fs::symlink(&path, tools.join(tool));
+    }
+    tools
+}
+
+/// The Deployment on ECR, container by container with only what its public image has: the
+/// watcher (kubectl, jq) queues a recorded Pod's copy, the AWS CLI's step creates the missing
+/// repository and writes the push login, the copier (`--prepared`, skopeo) copies with that
+/// login alone, and the watcher marks the Pod.
+#[test]
+fn on_ecr_the_watch_creates_the_repository_logs_in_and_copies() {
+    use rig::ecr::{EcrRegistry, Moto};
+    let cluster = Cluster::start("watch-ecr");
+    let storage = TestRegistry::start("watch-ecr-storage").expect("registry");
+    let moto = Moto::start().expect("moto");
+    let ecr = EcrRegistry::start(&storage, &moto).expect("ECR front");
+    let digest =
+        Image::new("api 3 for ecr", "linux/amd64").push(&cluster.source, "team/api", Some("3"));
+    cluster.write(
+        "policy.json",
+        &json!({"spec": {"settings": {"mirrors": [{"source": cluster.source.host, "target": format!("{}/cache", ecr.host)}]}}}),
+    );
+    let record = json!({"api": {"source": format!("{}/team/api:3", cluster.source.host),
+        "copy": format!("skopeo copy --all --preserve-digests docker://{0}/team/api:3 docker://{1}/cache/team/api:3", cluster.source.host, ecr.host)}});
+    cluster.list(
+        0,
+        100,
+        &[json!({
+            "metadata": {"name": "api-0", "namespace": "default", "resourceVersion": "90",
+                "labels": {LABEL: "true"}, "annotations": {RECORD: record.to_string()}},
+            "spec": {"containers": [{"name": "api", "image": format!("{}/team/api:3", cluster.source.host)}]},
+        })],
+    );
+    let auth = cluster.dir.join("spool/auth.json").display().to_string();
+    let watcher = cluster.watcher();
+    let tools = aws_cli_image(&cluster.dir);
+    let mut env = moto.environment();
+    env.push(("REGISTRY_AUTH_FILE", auth.clone()));
+    let prepare = cluster.run_with(
+        "ecr",
+        &["--ecr-prepare"],
+        &tools.display().to_string(),
+        &env,
+    );
+    let copier = cluster.run_with(
+        "copier",
+        &["--copier", "--prepared", "--insecure"],
+        &cluster.path(),
+        &[("REGISTRY_AUTH_FILE", auth)],
+    );
+    let log = || format!("{}\n{}\n{}", watcher.log(), prepare.log(), copier.log());
+    wait_until("the Pod marked", 30, || !cluster.patches().is_empty(), log);
+    assert_eq!(
+        storage.digest_of("cache/team/api", "3").as_deref(),
+        Some(digest.as_str()),
+        "{}",
+        log()
+    );
+    assert!(moto.repository("cache/team/api").is_some());
+    assert!(
+        prepare
+            .log()
+            .contains("created ECR repository cache/team/api")
+            && prepare
+                .log()
+                .contains(&format!("logged in to {}", ecr.host)),
+        "{}",
+        log()
+    );
 }
