@@ -27,7 +27,8 @@ const LIST: &str = "/api/v1/pods?labelSelector=image-swapper.kubewarden.io%2Funm
 /// for the N-th list, watch-N.jsonl for the N-th watch, where `#sleep S` waits, `#wait FILE`
 /// waits for the test to write FILE, and `#fail TEXT` ends the stream with kubectl's error; a
 /// watch with no file stays open), records each request
-/// in `calls` and each patch in `patches` ("NAMESPACE/NAME PATCH").
+/// in `calls` and each patch in `patches` ("NAMESPACE/NAME PATCH"), and when it sent each event
+/// (`emitted`) and received each patch (`patched`), in epoch seconds.
 const FAKE_KUBECTL: &str = r#"#!/usr/bin/env bash
 set -u
 dir=${FAKE_KUBE:?}
@@ -47,7 +48,7 @@ if [[ ${1:-} == get && ${2:-} == --raw ]]; then
         '#sleep '*) sleep "${line#'#sleep '}" ;;
         '#fail '*) echo "${line#'#fail '}" >&2; exit 1 ;;
         '#wait '*) until [[ -e $dir/${line#'#wait '} ]]; do sleep 0.05; done ;;
-        *) printf '%s\n' "$line" ;;
+        *) echo "$EPOCHREALTIME" >>"$dir/emitted"; printf '%s\n' "$line" ;;
       esac
     done <"$dir/watch-$n.jsonl"
     exit 0
@@ -66,6 +67,7 @@ if [[ ${1:-} == get ]]; then
   exit 0
 fi
 if [[ ${1:-} == patch && $2 == pod && $3 == -n && $6 == --type=json && $7 == -p ]]; then
+  echo "$EPOCHREALTIME" >>"$dir/patched"
   printf '%s/%s %s\n' "$4" "$5" "$8" >>"$dir/patches"
   echo "pod/$5 patched"
   exit 0
@@ -840,5 +842,205 @@ fn on_ecr_the_watch_creates_the_repository_logs_in_and_copies() {
                 .contains(&format!("logged in to {}", ecr.host)),
         "{}",
         log()
+    );
+}
+
+/// The epoch seconds of each line of a file the fake kubectl stamps.
+fn stamps(cluster: &Cluster, name: &str) -> Vec<f64> {
+    cluster
+        .text(name)
+        .lines()
+        .filter_map(|l| l.replace(',', ".").parse().ok())
+        .collect()
+}
+
+fn epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
+/// One round: `pods` Pods asking for `images` images (Pod p for image p mod images), their
+/// events sent at once when the test writes `go-N`.
+struct Round {
+    n: usize,
+    pods: usize,
+    repositories: Vec<String>,
+}
+
+/// What a round measured, in seconds from its first event sent: to the first and the last
+/// image in the mirror (polled every 10 ms), to the last Pod marked; and the skopeo copies run.
+struct Measured {
+    mirrored: f64,
+    last_mirrored: f64,
+    marked: f64,
+    copies: usize,
+}
+
+/// Pushes the round's images to the source and gives its stream's lines; the Pods name
+/// `source_host`.
+fn prepare(
+    cluster: &mut Cluster,
+    n: usize,
+    pods: usize,
+    images: usize,
+    source_host: &str,
+) -> (Round, Vec<String>) {
+    let repositories: Vec<String> = (0..images).map(|i| format!("r{n}-app{i}")).collect();
+    for repository in &repositories {
+        Image::new(repository, "linux/amd64").push(&cluster.source, repository, Some("1"));
+    }
+    let near = std::mem::replace(&mut cluster.source.host, source_host.to_string());
+    let mut lines = vec![format!("#wait go-{n}")];
+    for p in 0..pods {
+        let image = format!("{}:1", repositories[p % images]);
+        let pod = cluster.pod(&format!("r{n}-web-{p}"), &[("web", &image)]);
+        lines.push(event("ADDED", &pod));
+    }
+    cluster.source.host = near;
+    (
+        Round {
+            n,
+            pods,
+            repositories,
+        },
+        lines,
+    )
+}
+
+fn copies_run(cluster: &Cluster) -> usize {
+    cluster
+        .text("skopeo.log")
+        .lines()
+        .filter(|l| l.starts_with("copy "))
+        .count()
+}
+
+fn measure(cluster: &Cluster, round: &Round) -> Measured {
+    let emitted_before = stamps(cluster, "emitted").len();
+    let patched_before = stamps(cluster, "patched").len();
+    let copies_before = copies_run(cluster);
+    std::fs::write(cluster.dir.join(format!("go-{}", round.n)), "").expect("go");
+    let mut seen = vec![None; round.repositories.len()];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "round {}: not mirrored in 120 s",
+            round.n
+        );
+        for (i, repository) in round.repositories.iter().enumerate() {
+            if seen[i].is_none() && cluster.in_mirror(repository, "1").is_some() {
+                seen[i] = Some(epoch());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    while stamps(cluster, "patched").len() < patched_before + round.pods {
+        assert!(
+            Instant::now() < deadline,
+            "round {}: not marked in 120 s",
+            round.n
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = stamps(cluster, "emitted")[emitted_before];
+    let seen: Vec<f64> = seen.into_iter().flatten().collect();
+    Measured {
+        mirrored: seen.iter().cloned().fold(f64::MAX, f64::min) - sent,
+        last_mirrored: seen.iter().cloned().fold(0.0, f64::max) - sent,
+        marked: stamps(cluster, "patched")
+            .iter()
+            .cloned()
+            .fold(0.0, f64::max)
+            - sent,
+        copies: copies_run(cluster) - copies_before,
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).expect("ordered"));
+    values[values.len() / 2]
+}
+
+/// Runs the rounds of `plan` ((Pods, images, runs) each) through one watcher and one copier
+/// (`--jobs 4`), and prints a line per entry.
+fn bench(cluster: &mut Cluster, source_host: &str, label: &str, plan: &[(usize, usize, usize)]) {
+    cluster.list(0, 100, &[]);
+    let mut rounds = Vec::new();
+    let mut stream = Vec::new();
+    for &(pods, images, runs) in plan {
+        let mut these = Vec::new();
+        for _ in 0..runs {
+            let n = rounds.iter().map(Vec::len).sum::<usize>() + these.len();
+            let (round, lines) = prepare(cluster, n, pods, images, source_host);
+            stream.extend(lines);
+            these.push(round);
+        }
+        rounds.push(these);
+    }
+    cluster.stream(0, &stream);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&["--jobs", "4"]);
+    wait_until(
+        "the watch",
+        20,
+        || cluster.pod_calls().len() >= 2,
+        || watcher.log(),
+    );
+    for (these, &(pods, images, runs)) in rounds.iter().zip(plan) {
+        let measured: Vec<Measured> = these.iter().map(|r| measure(cluster, r)).collect();
+        println!(
+            "| {pods}{label} | {images} | {runs} | {:.2} | {:.2} | {:.2} | {} |",
+            median(measured.iter().map(|m| m.mirrored).collect()),
+            median(measured.iter().map(|m| m.last_mirrored).collect()),
+            median(measured.iter().map(|m| m.marked).collect()),
+            measured.iter().map(|m| m.copies).max().unwrap_or(0),
+        );
+    }
+    drop(copier);
+    drop(watcher);
+}
+
+/// `BENCH_ONLY=fill-watch make bench`: time to mirror in the watch mode (the watcher and the
+/// copier as the Deployment runs them, `--jobs 4`), from the watch event that brings a Pod's
+/// record to its image in the mirror and to the Pods marked: medians over the runs, and the
+/// most skopeo copies a run made. It prints figures and asserts none of them.
+#[test]
+#[ignore = "a benchmark: BENCH_ONLY=fill-watch make bench"]
+fn time_to_mirror() {
+    use rig::proxy::{HostModel, LatencyProxy, Transport};
+    println!("\nfill-watch: from the watch event to the image in the mirror, median seconds");
+    println!(
+        "| Pods at once | images | runs | to the first image in the mirror | to the last | to the last Pod marked | skopeo copies (most in a run) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut cluster = Cluster::start("watch-bench");
+    let host = cluster.source.host.clone();
+    bench(
+        &mut cluster,
+        &host,
+        "",
+        &[(1, 1, 20), (10, 1, 5), (100, 1, 3), (20, 20, 3)],
+    );
+    // The source 50 ms away: the Pods name it through the rig's latency proxy.
+    let mut far_cluster = Cluster::start("watch-bench-far");
+    let far = LatencyProxy::start_as(
+        &far_cluster.source.host,
+        Duration::from_millis(50),
+        HostModel::V1_31,
+        Transport::PlainHttp,
+    )
+    .expect("proxy");
+    far_cluster.write(
+        "policy.json",
+        &json!({"spec": {"settings": {"mirrors": [{"source": far.host, "target": format!("{}/hub", far_cluster.mirror.host)}]}}}),
+    );
+    bench(
+        &mut far_cluster,
+        &far.host.clone(),
+        ", source 50 ms away",
+        &[(1, 1, 5), (100, 1, 1), (20, 20, 1)],
     );
 }
