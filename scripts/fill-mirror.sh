@@ -48,6 +48,23 @@
 #   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures] [--source-auth FILE]
 #       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
 #       read the reports in one container and copy in another.
+#   fill-mirror.sh --watch --spool DIR [--settings FILE | --swap-policy NAME] [--policy ID]...
+#                  [--reports-every SECONDS]
+#       The watch mode's watcher (kubectl and jq): lists the Pods that carry the record, follows
+#       them with a watch (resuming from the last resourceVersion, listing again on 410 Gone or
+#       when the watch cannot resume), checks each record's copies as --list does and queues
+#       each once in DIR; removes a Pod's entries once the mirror holds them (one JSON patch that
+#       tests the record, and removes the label with the last entry). Every --reports-every
+#       seconds (600) it reads the settings, the reports and the Pods again as --list does.
+#   fill-mirror.sh --copier --spool DIR [--jobs N] [--retry SECONDS] [--prepared] [--ecr]
+#                  [--insecure] [--signatures] [--source-auth FILE]
+#       The watch mode's copier (skopeo): makes the queued copies with --copies, at most --jobs
+#       (4) at once; a source registry that answers 429 or 5xx gets none of its copies for
+#       --retry seconds (10), doubled at each such answer up to 300, and another failed copy is
+#       retried so too. --prepared: only the copies the ECR step prepared.
+#   fill-mirror.sh --ecr-prepare --spool DIR
+#       The watch mode's ECR step (the AWS CLI and bash): creates each queued copy's repository,
+#       logs in to its registry (again every 6 hours), and hands it to the copier.
 # --policy: the check policy's id in the reports' results; each --policy adds one, and without
 # it both ids of a ClusterAdmissionPolicy named image-swapper-check are read,
 # clusterwide-image-swapper-check (before 1.37.2) and kw.cap.image-swapper-check (1.37.2 on).
