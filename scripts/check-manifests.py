@@ -12,6 +12,10 @@ release the docs cover, and each release must accept each manifest: Kubewarden 1
 given whole (every spec field of its first appearance): `kubectl apply` of a partial copy would
 drop the rest. No manifest at all is an error too: the check would prove nothing.
 
+Google Managed Prometheus's kinds (monitoring.googleapis.com/v1: Rules, ClusterRules, GlobalRules,
+PodMonitoring, ClusterPodMonitoring) are checked against a structural schema written from their
+CRDs (GMP below), as strictly.
+
 A FILE ending in .yaml or .yml (or `-`, standard input) is rendered YAML, such as `kubectl
 kustomize deploy/<platform>` prints: every document in it is a manifest, checked the same way,
 and a document without apiVersion and kind is an error.
@@ -77,6 +81,101 @@ def crd_schemas(folder):
 
 
 KUBEWARDEN = {release: crd_schemas(folder) for release, folder in RELEASES.items()}
+
+# Google Cloud Managed Service for Prometheus (monitoring.googleapis.com/v1): no CRD of it is
+# vendored here, so its kinds are checked against this structural schema, written from the CRDs
+# of GoogleCloudPlatform/prometheus-engine (charts/operator/crds/monitoring.googleapis.com_rules.yaml,
+# _clusterrules, _podmonitorings): the fields they name, their types and required fields, and no
+# other field (as strict field validation would refuse it). Not checked: the CRDs' CEL rules
+# beyond the ones written out below, and PromQL (tests/docs.rs holds the expressions to the
+# PrometheusRule's, which promtool tests).
+_DURATION = {"type": "string", "minLength": 1,
+             "pattern": r"^((\d+)y)?((\d+)w)?((\d+)d)?((\d+)h)?((\d+)m)?((\d+)s)?((\d+)ms)?$"}
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+_GMP_RULE = {
+    "type": "object", "required": ["expr"], "additionalProperties": False,
+    "properties": {"alert": {"type": "string"}, "record": {"type": "string"},
+                   "expr": {"type": "string", "minLength": 1}, "for": _DURATION,
+                   "labels": _STRINGS, "annotations": _STRINGS},
+    # "Only one of `record` and `alert` must be set"; `for` and `annotations` only with `alert`.
+    "oneOf": [{"required": ["alert"]},
+              {"required": ["record"], "not": {"anyOf": [{"required": ["for"]},
+                                                         {"required": ["annotations"]}]}}],
+}
+_GMP_RULES_SPEC = {
+    "type": "object", "required": ["groups"], "additionalProperties": False,
+    "properties": {"groups": {"type": "array", "items": {
+        "type": "object", "required": ["interval", "name", "rules"], "additionalProperties": False,
+        "properties": {"interval": _DURATION, "name": {"type": "string", "minLength": 1},
+                       "rules": {"type": "array", "items": _GMP_RULE}}}}},
+}
+_SECRET_KEY = {"type": "object", "additionalProperties": False, "properties": {
+    "secret": {"type": "object", "required": ["key", "name"], "additionalProperties": False,
+               "properties": {"key": {"type": "string"}, "name": {"type": "string"},
+                              "namespace": {"type": "string"}}}}}
+_GMP_ENDPOINT = {
+    "type": "object", "required": ["interval", "port"], "additionalProperties": False,
+    "properties": {
+        "port": {"anyOf": [{"type": "integer", "minimum": 1},
+                           {"type": "string", "minLength": 1, "maxLength": 253}]},
+        "interval": _DURATION, "timeout": _DURATION, "path": {"type": "string"},
+        "scheme": {"enum": ["http", "https"]}, "proxyUrl": {"type": "string"},
+        "params": {"type": "object", "additionalProperties": {"type": "array",
+                                                              "items": {"type": "string"}}},
+        "metricRelabeling": {"type": "array", "maxItems": 250, "items": {"type": "object"}},
+        "authorization": {"type": "object", "additionalProperties": False, "properties": {
+            "type": {"type": "string"}, "credentials": _SECRET_KEY}},
+        "basicAuth": {"type": "object", "additionalProperties": False, "properties": {
+            "username": {"type": "string"}, "password": _SECRET_KEY}},
+        "oauth2": {"type": "object"}, "tls": {"type": "object"},
+    },
+}
+_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
+    "matchLabels": _STRINGS,
+    "matchExpressions": {"type": "array", "items": {
+        "type": "object", "required": ["key", "operator"], "additionalProperties": False,
+        "properties": {"key": {"type": "string"},
+                       "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                       "values": {"type": "array", "items": {"type": "string"}}}}}}}
+_GMP_MONITORING_SPEC = {
+    "type": "object", "required": ["endpoints", "selector"], "additionalProperties": False,
+    "properties": {"endpoints": {"type": "array", "minItems": 1, "maxItems": 10,
+                                 "items": _GMP_ENDPOINT},
+                   "selector": _SELECTOR, "filterRunning": {"type": "boolean"},
+                   "limits": {"type": "object"}, "targetLabels": {"type": "object"}},
+}
+
+
+def _gmp(spec, namespaced):
+    metadata = {"type": "object", "required": ["name"]}
+    if namespaced:
+        metadata["required"] = ["name", "namespace"]
+    else:
+        metadata["properties"] = {"namespace": False}  # cluster-scoped: no namespace
+    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+            "additionalProperties": False,
+            "properties": {"apiVersion": {"const": "monitoring.googleapis.com/v1"},
+                           "kind": {"type": "string"}, "metadata": metadata, "spec": spec}}
+
+
+GMP = {
+    "Rules": _gmp(_GMP_RULES_SPEC, namespaced=True),
+    "ClusterRules": _gmp(_GMP_RULES_SPEC, namespaced=False),
+    "GlobalRules": _gmp(_GMP_RULES_SPEC, namespaced=False),
+    "PodMonitoring": _gmp(_GMP_MONITORING_SPEC, namespaced=True),
+    "ClusterPodMonitoring": _gmp(_GMP_MONITORING_SPEC, namespaced=False),
+}
+
+
+def check_gmp(document):
+    """The errors of a monitoring.googleapis.com object under the structural schema above."""
+    schema = GMP.get(document["kind"])
+    if schema is None or document["apiVersion"] != "monitoring.googleapis.com/v1":
+        return [f"no schema for {document['apiVersion']} {document['kind']} "
+                f"(checked: monitoring.googleapis.com/v1 {', '.join(GMP)})"]
+    validator = jsonschema.Draft7Validator(schema)
+    return [f"{'.'.join(map(str, error.path)) or '(top)'}: {error.message}"
+            for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path))]
 
 
 def rendered(path):
@@ -213,6 +312,8 @@ def main():
                     given[key] = (where, set(document["spec"]))
             if document is not None and document["apiVersion"].startswith("policies.kubewarden.io/"):
                 errors += check_kubewarden(document)
+            elif document is not None and document["apiVersion"].startswith("monitoring.googleapis.com/"):
+                errors += check_gmp(document)
             elif document is not None and document["apiVersion"].startswith("monitoring.coreos.com/"):
                 # The Prometheus operator's kinds have no schema here: YAML and their names only.
                 errors += [] if document.get("spec", {}).get("groups") else ["spec.groups missing"]

@@ -40,6 +40,8 @@ pub struct Policy {
     /// Set for one admission when the verifiers could not be read: why. Every image bound for
     /// a mirror is then `onLookupError`'s case, since rules it could not read may cover it.
     pub verifiers_unreadable: Option<String>,
+    /// `fillJobUsernames`: who may drop entries of the record of unmirrored images.
+    pub fill_job_usernames: Vec<String>,
 }
 
 /// The module's two roles, one setting apart so that operators copy one block of settings.

@@ -628,35 +628,41 @@ fn every_deploy_overlay_renders_a_valid_deployment() {
     }
 }
 
-/// Every alert of the PrometheusRule the docs and `deploy/` install fires on the series of its
-/// cause and clears once the cause is gone: `promtool test rules` (Debian's prometheus
-/// package; `make test-deps` installs it) over `tests/alerts/image-swapper.test.yaml`, with the
-/// rule's `spec` as the rule file and each alert's own annotations expected.
-#[test]
-fn every_alert_fires_on_its_cause_and_clears_under_promtool() {
-    let rule = rig::read_yaml(&rig::root().join("deploy/base/prometheus-rule.yaml"));
-    let alerts: Vec<serde_json::Value> = rule["spec"]["groups"]
+/// The alerting rules of a rule `spec` (`groups[].rules[]` with an `alert`).
+fn alerts_of(spec: &serde_json::Value) -> Vec<serde_json::Value> {
+    spec["groups"]
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|group| group["rules"].as_array().cloned().unwrap_or_default())
         .filter(|r| r.get("alert").is_some())
-        .collect();
-    assert!(!alerts.is_empty(), "no alert in the PrometheusRule");
+        .collect()
+}
+
+/// Runs `promtool test rules` over `tests/alerts/image-swapper.test.yaml` with the rule `spec`
+/// (a PrometheusRule's or a Managed Prometheus ClusterRules') as the rule file: only the cases
+/// of the alerts the spec has, each expected with the spec's own annotations. Every alert must
+/// have a case where it fires and a later one where it has cleared. `what` names the rule in
+/// failures.
+fn promtool_fires_and_clears(what: &str, spec: &serde_json::Value) {
+    let alerts = alerts_of(spec);
+    assert!(!alerts.is_empty(), "{what}: no alert");
     let mut tests = rig::read_yaml(&rig::root().join("tests/alerts/image-swapper.test.yaml"));
     let mut fires = BTreeSet::new();
     let mut clears = BTreeSet::new();
-    for test in tests["tests"].as_array_mut().expect("tests").iter_mut() {
+    let all = tests["tests"].as_array_mut().expect("tests");
+    for test in all.iter_mut() {
         let mut fired = BTreeSet::new();
-        for case in test["alert_rule_test"]
+        let cases = test["alert_rule_test"]
             .as_array_mut()
-            .expect("alert_rule_test")
-        {
+            .expect("alert_rule_test");
+        cases.retain(|case| alerts.iter().any(|a| a["alert"] == case["alertname"]));
+        for case in cases.iter_mut() {
             let name = case["alertname"].as_str().unwrap_or_default().to_string();
             let alert = alerts
                 .iter()
                 .find(|a| a["alert"] == name.as_str())
-                .unwrap_or_else(|| panic!("no alert {name} in the PrometheusRule"));
+                .expect("kept above");
             let expected = case["exp_alerts"].as_array_mut().expect("exp_alerts");
             if expected.is_empty() {
                 if fired.contains(&name) {
@@ -671,22 +677,34 @@ fn every_alert_fires_on_its_cause_and_clears_under_promtool() {
             }
         }
     }
+    all.retain(|test| {
+        test["alert_rule_test"]
+            .as_array()
+            .is_some_and(|cases| !cases.is_empty())
+    });
     let names: BTreeSet<String> = alerts
         .iter()
         .filter_map(|a| a["alert"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(fires, names, "every alert has a case where it fires");
+    assert_eq!(
+        fires, names,
+        "{what}: every alert has a case where it fires"
+    );
     assert_eq!(
         clears, names,
-        "every alert has a later case where it has cleared"
+        "{what}: every alert has a later case where it has cleared"
     );
-    let dir = std::env::temp_dir().join(format!("image-swapper-alerts-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "image-swapper-alerts-{}-{}",
+        std::process::id(),
+        what.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let write = |file: &str, value: &serde_json::Value| {
         let text = serde_yaml::to_string(value).expect("YAML");
         std::fs::write(dir.join(file), text).expect("write");
     };
-    write("rules.yaml", &rule["spec"]);
+    write("rules.yaml", spec);
     write("tests.yaml", &tests);
     let output = Command::new("promtool")
         .args(["test", "rules", "tests.yaml"])
@@ -699,5 +717,606 @@ fn every_alert_fires_on_its_cause_and_clears_under_promtool() {
         String::from_utf8_lossy(&output.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(output.status.success(), "promtool test rules:\n{said}");
+    assert!(
+        output.status.success(),
+        "{what}: promtool test rules:\n{said}"
+    );
+}
+
+/// Every alert of the PrometheusRule the docs and `deploy/` install fires on the series of its
+/// cause and clears once the cause is gone: `promtool test rules` (Debian's prometheus
+/// package; `make test-deps` installs it) over `tests/alerts/image-swapper.test.yaml`, with the
+/// rule's `spec` as the rule file and each alert's own annotations expected.
+#[test]
+fn every_alert_fires_on_its_cause_and_clears_under_promtool() {
+    let rule = rig::read_yaml(&rig::root().join("deploy/base/prometheus-rule.yaml"));
+    promtool_fires_and_clears("deploy/base PrometheusRule", &rule["spec"]);
+}
+
+/// Where an overlay gives Google Cloud Managed Service for Prometheus its alerts (`Rules`,
+/// `ClusterRules` or `GlobalRules` of monitoring.googleapis.com), they are the PrometheusRule's:
+/// the same alerts (less the fill job's where the overlay has no fill job), each with the same
+/// `expr`, `for` and labels, so that the promtool tests of the one are tests of the other (and
+/// they run on these rules too). Such an overlay renders no PrometheusRule (its CRD is the
+/// Prometheus Operator's, which `kubectl apply` would miss), and a PodMonitoring that scrapes
+/// every PolicyServer it renders.
+#[test]
+fn managed_prometheus_rules_are_the_prometheus_rules_alerts() {
+    let base = rig::read_yaml(&rig::root().join("deploy/base/prometheus-rule.yaml"));
+    let base_alerts = alerts_of(&base["spec"]);
+    let mut checked = 0;
+    for (place, documents) in rendered_overlays() {
+        let kind = |d: &&serde_json::Value, kinds: &[&str]| {
+            d["apiVersion"] == "monitoring.googleapis.com/v1"
+                && kinds.iter().any(|k| d["kind"] == *k)
+        };
+        let rules: Vec<&serde_json::Value> = documents
+            .iter()
+            .filter(|d| kind(d, &["Rules", "ClusterRules", "GlobalRules"]))
+            .collect();
+        if rules.is_empty() {
+            continue;
+        }
+        assert!(
+            !documents.iter().any(|d| d["kind"] == "PrometheusRule"),
+            "{place}: renders both Managed Prometheus rules and a PrometheusRule"
+        );
+        let fill_job = documents
+            .iter()
+            .any(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "fill-mirror");
+        let expected: Vec<&serde_json::Value> = base_alerts
+            .iter()
+            .filter(|a| {
+                fill_job
+                    || !a["expr"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains("cronjob=\"fill-mirror\"")
+            })
+            .collect();
+        let spec = serde_json::json!({"groups": rules.iter().flat_map(|r| {
+            r["spec"]["groups"].as_array().cloned().unwrap_or_default()
+        }).collect::<Vec<_>>()});
+        let given = alerts_of(&spec);
+        let names = |alerts: &[&serde_json::Value]| -> Vec<String> {
+            alerts
+                .iter()
+                .map(|a| a["alert"].as_str().unwrap_or_default().to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(&given.iter().collect::<Vec<_>>()),
+            names(&expected),
+            "{place}: the Managed Prometheus alerts are the PrometheusRule's"
+        );
+        for (alert, prometheus) in given.iter().zip(&expected) {
+            let name = &alert["alert"];
+            for field in ["expr", "for", "labels"] {
+                assert_eq!(
+                    alert.get(field),
+                    prometheus.get(field),
+                    "{place}: {name}: `{field}` differs from deploy/base's PrometheusRule"
+                );
+            }
+            for annotation in ["summary", "description"] {
+                assert!(
+                    alert["annotations"][annotation]
+                        .as_str()
+                        .is_some_and(|s| !s.trim().is_empty()),
+                    "{place}: {name}: no {annotation}"
+                );
+            }
+        }
+        promtool_fires_and_clears(&format!("{place} Managed Prometheus rules"), &spec);
+        let servers: BTreeSet<String> = documents
+            .iter()
+            .filter(|d| d["kind"] == "PolicyServer")
+            .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        let scraped: BTreeSet<String> = documents
+            .iter()
+            .filter(|d| kind(d, &["PodMonitoring"]) && d["metadata"]["namespace"] == "kubewarden")
+            .flat_map(|d| {
+                d["spec"]["selector"]["matchExpressions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter(|e| e["key"] == "kubewarden/policy-server" && e["operator"] == "In")
+            .flat_map(|e| e["values"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        assert!(
+            servers.is_subset(&scraped),
+            "{place}: no PodMonitoring in kubewarden scrapes PolicyServers {:?}",
+            servers.difference(&scraped).collect::<Vec<_>>()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "no overlay gives Managed Prometheus rules");
+}
+
+/// Minutes between two runs of a CronJob schedule of the forms the overlays use: `*/N * * * *`
+/// (every N minutes) or `M */N * * *` (every N hours).
+fn schedule_period_minutes(schedule: &str) -> u64 {
+    let fields: Vec<&str> = schedule.split_whitespace().collect();
+    let every = |field: &str| field.strip_prefix("*/").and_then(|n| n.parse::<u64>().ok());
+    match fields.as_slice() {
+        [minutes, "*", "*", "*", "*"] => every(minutes),
+        [minute, hours, "*", "*", "*"] if minute.parse::<u64>().is_ok() => {
+            every(hours).map(|h| h * 60)
+        }
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("schedule {schedule:?}: not `*/N * * * *` or `M */N * * *`"))
+}
+
+/// The kubelet's update of a mounted Secret: its sync period plus its cache (about a minute;
+/// operations.md, "Credentials that expire"), rounded up.
+const SECRET_SYNC_MINUTES: u64 = 2;
+
+/// Every credentials CronJob of `deploy/` renews its token so that one run can fail and the next
+/// still replaces the token before it expires: 2 periods + the kubelet's sync <= the lifetime of
+/// the token it writes. ECR's (`aws ecr get-login-password`) last 12 hours. An Artifact Registry
+/// token minted for the Google service account (`--impersonate-service-account`: IAM's
+/// generateAccessToken) lasts 60 minutes from the run; one read from the metadata server may be a
+/// cached one with as little as 4 minutes left (golang.org/x/oauth2 v0.21.0), which no schedule
+/// keeps ahead of.
+#[test]
+fn every_token_refresh_keeps_ahead_of_the_tokens_life() {
+    assert_eq!(schedule_period_minutes("*/20 * * * *"), 20);
+    assert_eq!(schedule_period_minutes("0 */4 * * *"), 240);
+    let mut checked = 0;
+    for (place, documents) in rendered_overlays() {
+        for job in documents
+            .iter()
+            .filter(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-credentials")
+        {
+            let period = schedule_period_minutes(job["spec"]["schedule"].as_str().unwrap_or(""));
+            let text = serde_json::to_string(&job["spec"]["jobTemplate"]).expect("JSON");
+            let (registry, lifetime) = if text.contains("aws ecr get-login-password") {
+                ("ECR", 12 * 60)
+            } else if text.contains("gcloud auth print-access-token") {
+                if text.contains("--impersonate-service-account") {
+                    ("Artifact Registry, a minted token", 60)
+                } else {
+                    ("Artifact Registry, the metadata server's token", 4)
+                }
+            } else {
+                panic!("{place}: mirror-credentials writes a token of an unknown lifetime")
+            };
+            assert!(
+                2 * period + SECRET_SYNC_MINUTES <= lifetime,
+                "{place}: mirror-credentials every {period} min: its token ({registry}) lasts \
+                 {lifetime} min, so after one failed run the next comes too late \
+                 (2 x {period} + {SECRET_SYNC_MINUTES} min > {lifetime} min)"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "only {checked} credentials CronJobs found");
+}
+
+/// The IAM policy documents of `deploy/eks-ecr/aws/`, by file name.
+fn iam_policy(name: &str) -> serde_json::Value {
+    rig::read_json(&rig::root().join("deploy/eks-ecr/aws").join(name))
+}
+
+/// The resources a policy document allows `action` on (its Allow statements; no Deny is used).
+fn allowed_on(policy: &serde_json::Value, action: &str) -> Vec<String> {
+    let list = |value: &serde_json::Value| -> Vec<String> {
+        match value {
+            serde_json::Value::String(s) => vec![s.clone()],
+            serde_json::Value::Array(items) => items
+                .iter()
+                .filter_map(|i| i.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    policy["Statement"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["Effect"] == "Allow" && list(&s["Action"]).iter().any(|a| a == action))
+        .flat_map(|s| list(&s["Resource"]))
+        .collect()
+}
+
+/// The mirror of deploy/eks-ecr: (account, region, repository prefix), from its one value.
+fn eks_mirror() -> (String, String, String) {
+    let kustomization = read(&rig::root().join("deploy/eks-ecr/kustomization.yaml"));
+    let mirror = kustomization
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- mirror="))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("deploy/eks-ecr: the mirror= value")
+        .to_string();
+    let (host, prefix) = mirror.split_once('/').expect("host/prefix");
+    let parts: Vec<&str> = host.split('.').collect();
+    (
+        parts[0].to_string(),
+        parts[3].to_string(),
+        prefix.split('/').next().unwrap_or_default().to_string(),
+    )
+}
+
+/// The IAM policies the docs give for ECR (`deploy/eks-ecr/aws/*.json`) allow what each role
+/// does, and no more than the mirror's repositories: `ecr:GetAuthorizationToken` on `*` (it has
+/// no resource), everything else on the repositories under the mirror's prefix (the
+/// pull-through cache's: its rule's prefix). The fill job's are read from the `aws ecr` calls
+/// `scripts/fill-mirror.sh` and the lifecycle CronJob make, plus what skopeo's copy needs from
+/// ECR's registry API (a pull of the source's layers it checks, a push).
+#[test]
+fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
+    let (account, region, prefix) = eks_mirror();
+    let repositories =
+        |prefix: &str| format!("arn:aws:ecr:{region}:{account}:repository/{prefix}/*");
+    // The `aws ecr` subcommands a role's code calls, and the IAM action each needs.
+    let action_of = |subcommand: &str| -> &'static str {
+        match subcommand {
+            "get-login-password" | "get-authorization-token" => "ecr:GetAuthorizationToken",
+            "create-repository" => "ecr:CreateRepository",
+            "describe-repositories" => "ecr:DescribeRepositories",
+            "get-lifecycle-policy" => "ecr:GetLifecyclePolicy",
+            "put-lifecycle-policy" => "ecr:PutLifecyclePolicy",
+            other => panic!(
+                "`aws ecr {other}`: add the IAM action it needs to this test and to \
+                 deploy/eks-ecr/aws/fill-job.json"
+            ),
+        }
+    };
+    let calls = |text: &str| -> BTreeSet<&'static str> {
+        text.split("aws ecr ")
+            .skip(1)
+            .filter_map(|rest| rest.split_whitespace().next())
+            .map(|s| s.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-'))
+            .map(action_of)
+            .collect()
+    };
+    let script = read(&rig::root().join("scripts/fill-mirror.sh"));
+    let lifecycle = read(&rig::root().join("deploy/eks-ecr/mirror-lifecycle.yaml"));
+    let mut fill_job = calls(&script);
+    fill_job.extend(calls(&lifecycle));
+    assert!(
+        fill_job.contains("ecr:CreateRepository") && fill_job.contains("ecr:PutLifecyclePolicy"),
+        "{fill_job:?}"
+    );
+    let pull = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"];
+    let push = [
+        "ecr:BatchCheckLayerAvailability",
+        "ecr:InitiateLayerUpload",
+        "ecr:UploadLayerPart",
+        "ecr:CompleteLayerUpload",
+        "ecr:PutImage",
+    ];
+    fill_job.extend(pull);
+    fill_job.extend(push);
+    let reader: BTreeSet<&str> = ["ecr:GetAuthorizationToken"]
+        .into_iter()
+        .chain(pull)
+        .collect();
+    let mut cache = reader.clone();
+    cache.extend(["ecr:BatchImportUpstreamImage", "ecr:CreateRepository"]);
+    for (file, needs, under) in [
+        ("fill-job.json", &fill_job, prefix.as_str()),
+        ("policy-server-reader.json", &reader, prefix.as_str()),
+        ("pull-through-cache.json", &cache, "docker-hub"),
+    ] {
+        let policy = iam_policy(file);
+        assert_eq!(policy["Version"], "2012-10-17", "{file}");
+        for action in needs.iter() {
+            let on = allowed_on(&policy, action);
+            let wanted = match *action {
+                "ecr:GetAuthorizationToken" => "*".to_string(),
+                // Listing names every repository's ARN: the list call is authorised on them all.
+                "ecr:DescribeRepositories" => {
+                    format!("arn:aws:ecr:{region}:{account}:repository/*")
+                }
+                _ => repositories(under),
+            };
+            assert!(
+                on.contains(&wanted),
+                "{file}: {action} is not allowed on {wanted} (only on {on:?})"
+            );
+        }
+        // Least privilege: nothing the role does not need, on nothing but what it needs.
+        for statement in policy["Statement"].as_array().expect("Statement") {
+            let actions: Vec<String> = match &statement["Action"] {
+                serde_json::Value::String(s) => vec![s.clone()],
+                other => serde_json::from_value(other.clone()).expect("Action list"),
+            };
+            for action in &actions {
+                assert!(
+                    needs.contains(action.as_str()),
+                    "{file}: {action} is allowed but not needed"
+                );
+                assert!(!action.contains('*'), "{file}: wildcard action {action}");
+            }
+            let resources: Vec<String> = match &statement["Resource"] {
+                serde_json::Value::String(s) => vec![s.clone()],
+                other => serde_json::from_value(other.clone()).expect("Resource list"),
+            };
+            if resources.iter().any(|r| r == "*") {
+                assert_eq!(
+                    actions,
+                    ["ecr:GetAuthorizationToken"],
+                    "{file}: only the token has no resource"
+                );
+            }
+        }
+    }
+}
+
+/// Every `aws` command of install.md and migrating.md, as the AWS CLI parses it (its own
+/// argument parser; `file://` parameters read from the repository's root, so the files in
+/// `deploy/eks-ecr/aws/` they name must exist and parse as the parameter), is a valid request
+/// under botocore's model of the service: required members, types, lengths and the enums the
+/// service checks (`appliedFor`, `imageTagMutability`, `upstreamRegistry`). Nothing is sent:
+/// `tests/rig/aws_cli_check.py` stops each call where the request would be built. (moto 5.1.22,
+/// the tests' ECR, implements neither CreateRepositoryCreationTemplate nor
+/// CreatePullThroughCacheRule, so these two are checked against the model only.)
+#[test]
+fn every_aws_command_of_the_docs_is_a_valid_request() {
+    let mut commands = Vec::new();
+    for page in ["docs/install.md", "docs/migrating.md"] {
+        let text = read(&rig::root().join(page));
+        let mut in_console = false;
+        let mut current = String::new();
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                in_console = line.trim() == "```console";
+                continue;
+            }
+            if !in_console {
+                continue;
+            }
+            let line = line.trim_start_matches("$ ");
+            if current.is_empty() && !line.starts_with("aws ") {
+                continue;
+            }
+            let (part, more) = match line.strip_suffix('\\') {
+                Some(part) => (part, true),
+                None => (line, false),
+            };
+            current.push_str(part);
+            current.push(' ');
+            if !more {
+                // The command alone: not what a shell does with its output.
+                let command = current.split(" | ").next().unwrap_or_default();
+                let command = command.split(" # ").next().unwrap_or_default().trim();
+                commands.push((page, command.to_string()));
+                current.clear();
+            }
+        }
+    }
+    let operations = |wanted: &str| commands.iter().filter(|(_, c)| c.contains(wanted)).count();
+    assert!(
+        operations("aws ecr create-repository-creation-template") >= 2
+            && operations("aws ecr create-pull-through-cache-rule") >= 1
+            && operations("aws secretsmanager create-secret") >= 1,
+        "the ECR set-up's commands: {commands:#?}"
+    );
+    let mut child = Command::new("python3")
+        .arg(rig::root().join("tests/rig/aws_cli_check.py"))
+        .current_dir(rig::root())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with the AWS CLI (scripts/ensure-python-tools.sh)");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        for (_, command) in &commands {
+            writeln!(stdin, "{command}").expect("write");
+        }
+    }
+    let output = child.wait_with_output().expect("aws_cli_check.py");
+    assert!(output.status.success(), "{output:?}");
+    let results: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(results.len(), commands.len(), "{output:?}");
+    let broken: Vec<String> = results
+        .iter()
+        .zip(&commands)
+        .filter(|(r, _)| r.get("error").is_some() || r.get("operation").is_none())
+        .map(|(r, (page, c))| format!("{page}: {c}\n  {}", r["error"]))
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "the AWS CLI refuses:\n{}\n{}",
+        broken.join("\n"),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The lifecycle rule the templates carry is the file's.
+    let lifecycle = read(&rig::root().join("deploy/eks-ecr/aws/lifecycle-policy.json"));
+    let templates: Vec<&serde_json::Value> = results
+        .iter()
+        .filter(|r| r["operation"] == "CreateRepositoryCreationTemplate")
+        .collect();
+    for template in &templates {
+        assert_eq!(
+            template["params"]["lifecyclePolicy"].as_str(),
+            Some(lifecycle.as_str()),
+            "{template}"
+        );
+    }
+    let applied: BTreeSet<String> = templates
+        .iter()
+        .flat_map(|t| {
+            t["params"]["appliedFor"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    assert!(
+        applied.contains("CREATE_ON_PUSH") && applied.contains("PULL_THROUGH_CACHE"),
+        "{applied:?}"
+    );
+}
+
+/// The overlay's lifecycle CronJob, its script run against moto's ECR (whose PutLifecyclePolicy
+/// validates the policy as ECR's grammar has it): every repository under the mirror's prefix
+/// without a lifecycle policy gets `deploy/eks-ecr/aws/lifecycle-policy.json`, one with its own
+/// keeps it, one outside the prefix is left alone, and a second run changes nothing.
+#[test]
+fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
+    let (_, eks) = rendered_overlays()
+        .into_iter()
+        .find(|(place, _)| place == "deploy/eks-ecr")
+        .expect("deploy/eks-ecr");
+    let job = eks
+        .iter()
+        .find(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-lifecycle")
+        .expect("the mirror-lifecycle CronJob");
+    let pod = &job["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let script = container["command"][2].as_str().expect("bash -c SCRIPT");
+    let env = |name: &str| -> String {
+        container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("env {name}"))
+            .to_string()
+    };
+    let policy_file = read(&rig::root().join("deploy/eks-ecr/aws/lifecycle-policy.json"));
+    let config_map = pod["volumes"][0]["configMap"]["name"]
+        .as_str()
+        .expect("ConfigMap");
+    let data = eks
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == config_map)
+        .map(|d| d["data"]["lifecycle-policy.json"].clone())
+        .expect("the lifecycle ConfigMap");
+    assert_eq!(data.as_str(), Some(policy_file.as_str()));
+    let (_, region, prefix) = eks_mirror();
+    assert_eq!((env("AWS_REGION"), env("PREFIX")), (region, prefix.clone()));
+    let dir = std::env::temp_dir().join(format!("image-swapper-lifecycle-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("lifecycle-policy.json"), &policy_file).expect("write");
+    let script = script.replace("file:///policy/", &format!("file://{}/", dir.display()));
+    let moto = rig::ecr::Moto::start().expect("moto");
+    let own = r#"{"rules":[{"rulePriority":1,"selection":{"tagStatus":"any","countType":"imageCountMoreThan","countNumber":5},"action":{"type":"expire"}}]}"#;
+    let new = format!("{prefix}/docker.io/library/nginx");
+    let kept = format!("{prefix}/docker.io/library/redis");
+    for name in [new.as_str(), kept.as_str(), "other/app"] {
+        moto.ecr(
+            "CreateRepository",
+            &serde_json::json!({"repositoryName": name}),
+        )
+        .expect("CreateRepository");
+    }
+    moto.ecr(
+        "PutLifecyclePolicy",
+        &serde_json::json!({"repositoryName": kept, "lifecyclePolicyText": own}),
+    )
+    .expect("PutLifecyclePolicy");
+    let run = || {
+        let output = Command::new("bash")
+            .args(["-c", &script])
+            .envs(moto.environment())
+            .env("AWS_DEFAULT_REGION", env("AWS_REGION"))
+            .env("PREFIX", env("PREFIX"))
+            .output()
+            .expect("bash");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).to_string()
+    };
+    let first = run();
+    let second = run();
+    let lifecycle = |name: &str| {
+        moto.ecr(
+            "GetLifecyclePolicy",
+            &serde_json::json!({"repositoryName": name}),
+        )
+        .ok()
+        .and_then(|a| a["lifecyclePolicyText"].as_str().map(str::to_string))
+    };
+    let parsed = |text: Option<String>| {
+        text.map(|t| serde_json::from_str::<serde_json::Value>(&t).expect("JSON"))
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(first.trim(), format!("lifecycle policy set on {new}"));
+    assert_eq!(second.trim(), "", "a second run changes nothing");
+    assert_eq!(
+        parsed(lifecycle(&new)),
+        Some(serde_json::from_str(&policy_file).expect("the policy file is JSON"))
+    );
+    assert_eq!(parsed(lifecycle(&kept)), parsed(Some(own.to_string())));
+    assert_eq!(lifecycle("other/app"), None);
+}
+
+/// The roles install.md creates for deploy/eks-ecr are the ones its ServiceAccounts name: each
+/// `aws iam create-role --role-name R --assume-role-policy-document file://…/irsa-trust-SA.json`
+/// trusts exactly `system:serviceaccount:kubewarden:SA` (for `sts.amazonaws.com`), and the
+/// overlay's ServiceAccount SA carries `eks.amazonaws.com/role-arn` of role R.
+#[test]
+fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
+    let install = read(&rig::root().join("docs/install.md")).replace("\\\n", " ");
+    let (_, eks) = rendered_overlays()
+        .into_iter()
+        .find(|(place, _)| place == "deploy/eks-ecr")
+        .expect("deploy/eks-ecr");
+    let mut checked = 0;
+    for command in install
+        .lines()
+        .filter(|l| l.starts_with("aws iam create-role "))
+    {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let after = |flag: &str| {
+            words
+                .iter()
+                .position(|w| *w == flag)
+                .and_then(|i| words.get(i + 1))
+                .unwrap_or_else(|| panic!("{command}: no {flag}"))
+                .to_string()
+        };
+        let role = after("--role-name");
+        let trust_path = after("--assume-role-policy-document");
+        let trust_path = trust_path.strip_prefix("file://").expect("file://");
+        let account = trust_path
+            .rsplit_once("irsa-trust-")
+            .and_then(|(_, name)| name.strip_suffix(".json"))
+            .expect("irsa-trust-SA.json");
+        let trust = rig::read_json(&rig::root().join(trust_path));
+        let conditions = &trust["Statement"][0]["Condition"]["StringEquals"];
+        let value = |suffix: &str| -> Vec<String> {
+            conditions
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k.ends_with(suffix))
+                .filter_map(|(_, v)| v.as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(
+            value(":sub"),
+            [format!("system:serviceaccount:kubewarden:{account}")],
+            "{trust_path}"
+        );
+        assert_eq!(value(":aud"), ["sts.amazonaws.com"], "{trust_path}");
+        assert_eq!(
+            trust["Statement"][0]["Action"], "sts:AssumeRoleWithWebIdentity",
+            "{trust_path}"
+        );
+        let annotation = eks
+            .iter()
+            .find(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == account)
+            .and_then(|d| d["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].as_str())
+            .unwrap_or_else(|| panic!("deploy/eks-ecr: no ServiceAccount {account} with a role"));
+        assert!(
+            annotation.ends_with(&format!(":role/{role}")),
+            "deploy/eks-ecr: ServiceAccount {account} names {annotation}, install.md creates {role}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "the read role and the fill job's");
 }

@@ -472,3 +472,90 @@ fn an_update_that_swaps_a_recorded_container_removes_its_record() {
         "{pod}"
     );
 }
+
+/// Time to mirror, once filled: the fill job, having copied a kept Pod's images, drops their
+/// entries with one update (the watch mode's patch: the entries it filled taken out of the
+/// annotation, and the label with the last one). From a username in `fillJobUsernames` the
+/// policy lets them go, so the label the kept-Pods alert counts goes with the last entry; the
+/// same update from anyone else gets the whole record back.
+#[test]
+fn the_fill_jobs_update_clears_the_record_and_no_one_elses_does() {
+    const ANNOTATION: &str = "image-swapper.kubewarden.io/unmirrored-images";
+    const LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
+    let mirror = TestRegistry::start("filled").expect("registry");
+    let fill_job = "system:serviceaccount:kubewarden:fill-mirror";
+    let settings = settings(&mirror, json!({"fillJobUsernames": [fill_job]}));
+    let spec = json!({"containers": [
+        {"name": "web", "image": "nginx:1.28"},
+        {"name": "side", "image": "busybox:1.37"},
+    ]});
+    let kept = validate(
+        &settings,
+        &pod_request("CREATE", spec),
+        shared(LiveHost::default()),
+    );
+    let record = kept.unmirrored().expect("both kept and recorded");
+    let running = kept.mutated.expect("the record is a patch");
+    let update = |username: &str, object: &Value| {
+        let mut request = pod_request("UPDATE", json!({}));
+        request["userInfo"]["username"] = json!(username);
+        request["oldObject"] = running.clone();
+        request["object"] = object.clone();
+        request
+    };
+    // The Pod as it leaves admission: the policy's patch applied, or the update as sent.
+    let admitted = |username: &str, object: &Value| {
+        let response = validate(
+            &settings,
+            &update(username, object),
+            shared(LiveHost::default()),
+        );
+        assert!(response.accepted, "{response:?}");
+        response.mutated.unwrap_or_else(|| object.clone())
+    };
+    let entries = |pod: &Value| -> Vec<String> {
+        pod["metadata"]["annotations"][ANNOTATION]
+            .as_str()
+            .and_then(|text| serde_json::from_str::<serde_json::Map<String, Value>>(text).ok())
+            .map(|record| record.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+
+    // web's image copied: its entry dropped, side's kept as it was.
+    let mut web_filled = running.clone();
+    web_filled["metadata"]["annotations"][ANNOTATION] =
+        json!(json!({"side": record["side"].clone()}).to_string());
+    let pod = admitted(fill_job, &web_filled);
+    assert_eq!(
+        (entries(&pod), &pod["metadata"]["labels"][LABEL]),
+        (vec!["side".to_string()], &json!("true")),
+        "{pod}"
+    );
+
+    // Both copied: annotation and label removed, and they stay removed.
+    let mut all_filled = running.clone();
+    for (field, key) in [("annotations", ANNOTATION), ("labels", LABEL)] {
+        if let Some(map) = all_filled["metadata"][field].as_object_mut() {
+            map.remove(key);
+        }
+    }
+    let pod = admitted(fill_job, &all_filled);
+    assert_eq!(
+        (entries(&pod), pod["metadata"]["labels"].get(LABEL)),
+        (Vec::<String>::new(), None),
+        "{pod}"
+    );
+
+    // Anyone else's identical update (another ServiceAccount, a user) gets the record back.
+    for other in [
+        "system:serviceaccount:default:fill-mirror",
+        "kubernetes-admin",
+    ] {
+        let pod = admitted(other, &all_filled);
+        assert_eq!(
+            (entries(&pod), &pod["metadata"]["labels"][LABEL]),
+            (vec!["side".to_string(), "web".to_string()], &json!("true")),
+            "{other}: {pod}"
+        );
+    }
+}

@@ -50,7 +50,7 @@ use pull_secrets::{add_pull_secrets, pull_secret_names};
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};
 use report::{audit_annotations, capped, messages};
-use unmirrored::record_unmirrored;
+use unmirrored::{Requester, record_unmirrored};
 pub use unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
@@ -226,11 +226,19 @@ pub fn admit(
     let candidates = changed_containers(&request, operation);
     if candidates.is_empty() {
         // Nothing to decide, but the record of unmirrored images stays the policy's own: one
-        // written by hand in a metadata update goes, since the fill job acts on it.
+        // written by hand in a metadata update goes, since the fill job acts on it, and one
+        // removed by hand comes back; only the fill job drops the entries it filled.
         let previous = std::mem::take(&mut request.old_object);
         let mut object = std::mem::take(&mut request.object);
+        let requester = Requester::of(&request.user_info.username, policy);
         if operation.may_change_metadata()
-            && record_unmirrored(&mut object, Some(&previous), &BTreeMap::new(), policy)
+            && record_unmirrored(
+                &mut object,
+                Some(&previous),
+                requester,
+                &BTreeMap::new(),
+                policy,
+            )
         {
             return Outcome {
                 verdict: Verdict::Mutate(object),
@@ -303,7 +311,14 @@ pub fn admit(
     }
     if operation.may_change_metadata() {
         changed |= record_original_images(&mut object, &verdicts.swaps, &policy.router);
-        changed |= record_unmirrored(&mut object, previous.as_ref(), &unmirrored, policy);
+        let requester = Requester::of(&request.user_info.username, policy);
+        changed |= record_unmirrored(
+            &mut object,
+            previous.as_ref(),
+            requester,
+            &unmirrored,
+            policy,
+        );
     }
     if operation == Operation::Create {
         let secrets = verdicts

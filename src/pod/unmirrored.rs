@@ -65,18 +65,48 @@ fn recorded(object: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// Who sends an update, as far as the record goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Requester {
+    /// One of `fillJobUsernames`: it copied the images of the entries its update drops, so those
+    /// go (the kept-Pods alert then clears), and the rest stay.
+    FillJob,
+    /// Anyone else: the live record stays whatever the update says of it, since the fill job
+    /// acts on it and a hand-made change could hide an image the mirror lacks.
+    Other,
+}
+
+impl Requester {
+    pub(super) fn of(username: &str, policy: &Policy) -> Requester {
+        if policy
+            .fill_job_usernames
+            .iter()
+            .any(|name| name == username)
+        {
+            Requester::FillJob
+        } else {
+            Requester::Other
+        }
+    }
+}
+
 /// Rewrites the record so that it describes the Pod as it leaves admission: a container has an
 /// entry when this admission kept its image because no target holds it (`absent`), or when
-/// `previous` (the live Pod's record, on update) had one for the image it still runs; every
-/// other entry goes, and the annotation and the label go when none is left. Says whether it
-/// changed the Pod.
+/// `previous` (the live Pod's record, on update) had one for the image it still runs, unless
+/// the fill job's update dropped it; every other entry goes, and the annotation and the label
+/// go when none is left. Says whether it changed the Pod.
 pub(super) fn record_unmirrored(
     object: &mut Value,
     previous: Option<&Value>,
+    requester: Requester,
     unmirrored: &BTreeMap<String, Option<String>>,
     policy: &Policy,
 ) -> bool {
-    let carried = previous.map(recorded).unwrap_or_default();
+    let mut carried = previous.map(recorded).unwrap_or_default();
+    if requester == Requester::FillJob {
+        let left = recorded(object);
+        carried.retain(|name, source| left.get(name) == Some(source));
+    }
     let mut entries = Map::new();
     let mut size = 2;
     for (name, image) in named_images(object) {
@@ -167,7 +197,13 @@ mod tests {
         let policy = policy_from(SETTINGS);
         let mut object = pod(&[("web", "nginx:1.27"), ("side", "busybox:1")], json!({}));
         let absent = kept(&["nginx:1.27"]);
-        assert!(record_unmirrored(&mut object, None, &absent, &policy));
+        assert!(record_unmirrored(
+            &mut object,
+            None,
+            Requester::Other,
+            &absent,
+            &policy
+        ));
         assert_eq!(
             record(&object),
             Some(json!({"web": {
@@ -186,7 +222,13 @@ mod tests {
         let digest = format!("sha256:{}", "a".repeat(64));
         let image = format!("nginx:1.27@{digest}");
         let mut object = pod(&[("web", &image)], json!({}));
-        record_unmirrored(&mut object, None, &kept(&[image.as_str()]), &policy);
+        record_unmirrored(
+            &mut object,
+            None,
+            Requester::Other,
+            &kept(&[image.as_str()]),
+            &policy,
+        );
         let entry = record(&object).expect("recorded")["web"].clone();
         assert_eq!(
             entry["copy"],
@@ -211,7 +253,13 @@ mod tests {
         let policy = policy_from(SETTINGS);
         let mut object = pod(&[("web", "quay.io/x/y:1")], metadata);
         let absent = kept(absent);
-        assert!(!record_unmirrored(&mut object, None, &absent, &policy));
+        assert!(!record_unmirrored(
+            &mut object,
+            None,
+            Requester::Other,
+            &absent,
+            &policy
+        ));
         assert_eq!((record(&object), label(&object)), (None, None));
     }
 
@@ -232,6 +280,7 @@ mod tests {
         assert!(record_unmirrored(
             &mut object,
             previous.as_ref(),
+            Requester::Other,
             &kept(&[]),
             &policy
         ));
@@ -261,6 +310,7 @@ mod tests {
         assert!(record_unmirrored(
             &mut object,
             Some(&previous),
+            Requester::Other,
             &kept(&[]),
             &policy
         ));
@@ -268,6 +318,100 @@ mod tests {
         assert_eq!(record.as_object().map(Map::len), Some(1), "{record}");
         assert_eq!(record["web"]["copy"], json!(NGINX_COPY));
         assert_eq!(label(&object), Some(&json!("true")));
+    }
+
+    /// The fill job's update drops the entries it filled and keeps the rest; the same update
+    /// from anyone else gets the whole live record back, label and all.
+    #[rstest]
+    #[case::fill_job_drops_one(Requester::FillJob, &["side"], &["side"], Some("true"))]
+    #[case::fill_job_drops_all(Requester::FillJob, &[], &[], None)]
+    #[case::anyone_else_drops_none(Requester::Other, &[], &["side", "web"], Some("true"))]
+    fn an_update_drops_only_the_entries_the_fill_job_filled(
+        #[case] requester: Requester,
+        #[case] left_by_update: &[&str],
+        #[case] expected: &[&str],
+        #[case] expected_label: Option<&str>,
+    ) {
+        let policy = policy_from(SETTINGS);
+        let images = [("web", "nginx:1.27"), ("side", "busybox:1")];
+        let mut previous = pod(&images, json!({}));
+        assert!(record_unmirrored(
+            &mut previous,
+            None,
+            Requester::Other,
+            &kept(&["nginx:1.27", "busybox:1"]),
+            &policy
+        ));
+        let live = record(&previous).expect("recorded");
+        let mut object = pod(&images, json!({}));
+        if !left_by_update.is_empty() {
+            let left: Map<String, Value> = left_by_update
+                .iter()
+                .map(|name| (name.to_string(), live[*name].clone()))
+                .collect();
+            object["metadata"] = json!({
+                "annotations": {UNMIRRORED_ANNOTATION: Value::Object(left).to_string()},
+                "labels": {UNMIRRORED_LABEL: "true"},
+            });
+        }
+        record_unmirrored(&mut object, Some(&previous), requester, &kept(&[]), &policy);
+        let names: Vec<String> = record(&object)
+            .and_then(|r| r.as_object().map(|m| m.keys().cloned().collect()))
+            .unwrap_or_default();
+        assert_eq!(names, expected, "{object}");
+        assert_eq!(label(&object), expected_label.map(|l| json!(l)).as_ref());
+    }
+
+    /// The fill job can only drop: an entry its update adds, or one it rewrites to another
+    /// source, is not the live record's and does not survive.
+    #[test]
+    fn the_fill_job_cannot_add_or_change_an_entry() {
+        let policy = policy_from(SETTINGS);
+        let images = [("web", "nginx:1.27"), ("side", "busybox:1")];
+        let mut previous = pod(&images, json!({}));
+        record_unmirrored(
+            &mut previous,
+            None,
+            Requester::Other,
+            &kept(&["nginx:1.27"]),
+            &policy,
+        );
+        let forged = json!({"web": {"source": "evil.io/x:1"}, "side": {"source": "busybox:1"}});
+        let mut object = pod(
+            &images,
+            json!({"annotations": {UNMIRRORED_ANNOTATION: forged.to_string()}}),
+        );
+        record_unmirrored(
+            &mut object,
+            Some(&previous),
+            Requester::FillJob,
+            &kept(&[]),
+            &policy,
+        );
+        assert_eq!((record(&object), label(&object)), (None, None), "{object}");
+    }
+
+    #[test]
+    fn requesters_are_told_apart_by_the_exact_username() {
+        let policy = policy_from(
+            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],
+                "fillJobUsernames":["system:serviceaccount:kubewarden:fill-mirror"]}"#,
+        );
+        assert_eq!(
+            [
+                "system:serviceaccount:kubewarden:fill-mirror",
+                "system:serviceaccount:kubewarden:fill-mirror2",
+                "system:serviceaccount:other:fill-mirror",
+                "",
+            ]
+            .map(|name| Requester::of(name, &policy)),
+            [
+                Requester::FillJob,
+                Requester::Other,
+                Requester::Other,
+                Requester::Other
+            ]
+        );
     }
 
     #[test]
@@ -283,7 +427,13 @@ mod tests {
         let mut object = pod(&named, json!({}));
         let names: Vec<&str> = images.iter().map(|(_, i)| i.as_str()).collect();
         let absent = kept(&names);
-        assert!(record_unmirrored(&mut object, None, &absent, &policy));
+        assert!(record_unmirrored(
+            &mut object,
+            None,
+            Requester::Other,
+            &absent,
+            &policy
+        ));
         let text = annotation(&object, UNMIRRORED_ANNOTATION).unwrap_or_default();
         assert!(text.len() <= RECORD_MAX_BYTES, "{}", text.len());
         assert!(record(&object).and_then(|r| r.as_object().map(Map::len)) > Some(100));
@@ -295,17 +445,25 @@ mod tests {
         let policy = policy_from(SETTINGS);
         let mut object = pod(&[("web", "nginx:1.27")], json!({}));
         let absent = kept(&["nginx:1.27"]);
-        assert!(record_unmirrored(&mut object, None, &absent, &policy));
+        assert!(record_unmirrored(
+            &mut object,
+            None,
+            Requester::Other,
+            &absent,
+            &policy
+        ));
         let previous = object.clone();
         assert!(!record_unmirrored(
             &mut object,
             Some(&previous),
+            Requester::Other,
             &absent,
             &policy
         ));
         assert!(!record_unmirrored(
             &mut object,
             Some(&previous),
+            Requester::Other,
             &kept(&[]),
             &policy
         ));

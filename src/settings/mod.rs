@@ -62,6 +62,9 @@ pub struct Settings {
     /// Verifier policies in the cluster whose `signatures` count as this policy's own, read at
     /// every admission.
     pub verifiers: Vec<VerifierSetting>,
+    /// The requesters (Kubernetes usernames) whose Pod updates may drop entries of the record of
+    /// unmirrored images: the fill job's ServiceAccount, once the mirror holds them.
+    pub fill_job_usernames: Vec<String>,
 }
 
 /// One entry of `verifiers`: a glob on the `spec.module` of the cluster's policies.
@@ -90,6 +93,7 @@ impl Default for Settings {
             signatures: Vec::new(),
             on_unverified: Fallback::Keep,
             verifiers: Vec::new(),
+            fill_job_usernames: Vec::new(),
         }
     }
 }
@@ -173,6 +177,7 @@ impl Policy {
         if verifying.iter().all(|(_, set)| !set) && settings.on_unverified == Fallback::Reject {
             errors.push("onUnverified: reject is only used with signatures or verifiers, which are empty; set one, or remove onUnverified".to_string());
         }
+        check_fill_job_usernames(settings, &mut errors);
         let budget = settings.lookup_budget_milliseconds;
         if !(1..=MAX_LOOKUP_BUDGET_MS).contains(&budget) {
             errors.push(format!(
@@ -198,7 +203,21 @@ impl Policy {
             on_unverified: settings.on_unverified,
             verifiers,
             verifiers_unreadable: None,
+            fill_job_usernames: settings.fill_job_usernames.clone(),
         })
+    }
+}
+
+/// `fillJobUsernames`: names as the API server gives them in `userInfo.username`, for the one
+/// role that writes the record's Pods (`swap`).
+fn check_fill_job_usernames(settings: &Settings, errors: &mut Vec<String>) {
+    for (i, name) in settings.fill_job_usernames.iter().enumerate() {
+        if name.trim().is_empty() || name.trim() != name {
+            errors.push(format!("fillJobUsernames[{i}]: {name:?} is not a username; write it as the API server names the fill job, e.g. \"system:serviceaccount:kubewarden:fill-mirror\""));
+        }
+    }
+    if !settings.fill_job_usernames.is_empty() && settings.action == Action::Check {
+        errors.push("fillJobUsernames: only used with action: swap (the record of unmirrored images is the swapping role's); remove it from the check role's settings".to_string());
     }
 }
 
@@ -421,6 +440,18 @@ mod tests {
     #[case::platforms_without_verify_source(
         r#"{"defaultMirror":{"registry":"m.io"},"platforms":["linux/amd64"]}"#,
         "platforms: only used with verifySource: true"
+    )]
+    #[case::fill_job_username_empty(
+        r#"{"defaultMirror":{"registry":"m.io"},"fillJobUsernames":["system:serviceaccount:kubewarden:fill-mirror",""]}"#,
+        "fillJobUsernames[1]: \"\" is not a username"
+    )]
+    #[case::fill_job_username_padded(
+        r#"{"defaultMirror":{"registry":"m.io"},"fillJobUsernames":[" system:serviceaccount:kubewarden:fill-mirror"]}"#,
+        "fillJobUsernames[0]: \" system:serviceaccount:kubewarden:fill-mirror\" is not a username"
+    )]
+    #[case::fill_job_usernames_on_the_check_role(
+        r#"{"action":"check","defaultMirror":{"registry":"m.io"},"fillJobUsernames":["system:serviceaccount:kubewarden:fill-mirror"]}"#,
+        "fillJobUsernames: only used with action: swap"
     )]
     #[case::verify_source_with_always(
         r#"{"defaultMirror":{"registry":"m.io"},"verifySource":true,"swapPolicy":"always"}"#,
