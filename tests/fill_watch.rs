@@ -330,6 +330,32 @@ fn apply(pod: &mut Value, patch: &Value) -> bool {
     true
 }
 
+const FILL_JOB: &str = "system:serviceaccount:kubewarden:fill-mirror";
+
+/// The Pod as it leaves the swapping policy's admission of the fill job's update (from
+/// `old` to `new`, the watcher's patch applied), with `fillJobUsernames` naming the fill job:
+/// the policy's patch applied, or the update as sent.
+fn admitted_update(cluster: &Cluster, old: &Value, new: &Value) -> Value {
+    let mut request = pod_request("UPDATE", json!({}));
+    request["userInfo"]["username"] = json!(FILL_JOB);
+    request["oldObject"] = old.clone();
+    request["object"] = new.clone();
+    let settings =
+        json!({"mirrors": cluster.settings()["mirrors"], "fillJobUsernames": [FILL_JOB]});
+    let response = validate(&settings, &request, shared(LiveHost::default()));
+    assert!(response.accepted, "{response:?}");
+    response.mutated.unwrap_or_else(|| new.clone())
+}
+
+/// The container names of a Pod's record.
+fn entries(pod: &Value) -> Vec<String> {
+    pod["metadata"]["annotations"][RECORD]
+        .as_str()
+        .and_then(|text| serde_json::from_str::<serde_json::Map<String, Value>>(text).ok())
+        .map(|record| record.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
 /// The events of one stream in the API server's shape: a Pod ADDED, another MODIFIED (its
 /// record now names a second image), a third ADDED then DELETED, a bookmark, and the end of the
 /// stream (the API server's timeout), resumed from the bookmark's resourceVersion. Every image
@@ -463,8 +489,9 @@ fn an_expired_watch_lists_again_and_each_resume_asks_for_the_last_resource_versi
 
 /// Ten Pods ask for one image, one event each, five arriving while the copy runs (the source is
 /// 50 ms away) and five after it is done: skopeo is run for it once (one look at the mirror, one copy).
-/// Each Pod is then marked with one patch that tests its record and removes it and the label,
-/// and once the patches are applied no Pod carries the label: the kept-Pods alert's count is 0.
+/// Each Pod is then marked with one patch that tests its record and removes it and the label;
+/// once the patches are applied and the swapping policy (`fillJobUsernames` naming the fill job)
+/// has admitted each update, no Pod carries the label: the kept-Pods alert's count is 0.
 #[test]
 fn ten_pods_asking_for_one_image_copy_it_once_and_every_pod_is_marked() {
     use rig::proxy::{HostModel, LatencyProxy, Transport};
@@ -540,7 +567,10 @@ fn ten_pods_asking_for_one_image_copy_it_once_and_every_pod_is_marked() {
             ]),
             "{key}"
         );
+        let old = pod.clone();
         assert!(apply(pod, patch), "the test op holds");
+        // The swapping policy admits the update from the fill job as it is.
+        *pod = admitted_update(&cluster, &old, pod);
     }
     assert_eq!(patches.len(), 10, "{}", log());
     let labelled = pods
@@ -596,6 +626,18 @@ fn the_patch_removes_only_the_entries_the_mirror_now_holds() {
         )],
         "{}",
         log()
+    );
+    // Applied and admitted by the swapping policy: side's entry and the label stay.
+    let mut marked = pod.clone();
+    assert!(
+        apply(&mut marked, &cluster.patches()[0].1),
+        "the test op holds"
+    );
+    let admitted = admitted_update(&cluster, &pod, &marked);
+    assert_eq!(
+        (entries(&admitted), &admitted["metadata"]["labels"][LABEL]),
+        (vec!["side".to_string()], &json!("true")),
+        "{admitted}"
     );
     assert!(cluster.in_mirror("elsewhere", "7").is_none());
     let refused = watcher.log();
