@@ -743,12 +743,15 @@ watch_main() {
         echo "fill-mirror: the watch expired ($(grep . "$watch_state/watch.err" | tail -n 1)), listing again" >&2
         relist
       else
+        # It may be the API server down, or the watch refused: resume twice, then list again.
         failures=$((failures + 1))
-        echo "fill-mirror: the watch failed ($(grep . "$watch_state/watch.err" | tail -n 1)), again in $((failures * 2))s" >&2
-        sleep $((failures * 2 < 30 ? failures * 2 : 30))
         if ((failures >= 3)); then
+          echo "fill-mirror: the watch failed ($(grep . "$watch_state/watch.err" | tail -n 1)), listing again" >&2
           relist
           failures=0
+        else
+          echo "fill-mirror: the watch failed ($(grep . "$watch_state/watch.err" | tail -n 1)), again in ${failures}s" >&2
+          sleep "$failures"
         fi
       fi
       start_watch

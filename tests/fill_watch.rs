@@ -487,6 +487,44 @@ fn an_expired_watch_lists_again_and_each_resume_asks_for_the_last_resource_versi
     );
 }
 
+/// A watch that fails (kubectl's words for an API server it cannot reach) is resumed from the
+/// same resourceVersion twice, a second and two seconds later; a third failure lists again,
+/// and the watch goes on from the new list's resourceVersion. The list's Pod is copied.
+#[test]
+fn a_watch_that_cannot_resume_lists_again() {
+    let mut cluster = Cluster::start("watch-down");
+    Image::new("late", "linux/amd64").push(&cluster.source, "late", Some("1"));
+    let late = cluster.pod("late", &[("web", "late:1")]);
+    cluster.list(0, 100, &[]);
+    let refused = "#fail The connection to the server 10.96.0.1:443 was refused - did you specify the right host or port?";
+    for n in 0..3 {
+        cluster.stream(n, &[refused.to_string()]);
+    }
+    cluster.list(1, 300, &[late]);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until(
+        "the list's Pod copied",
+        20,
+        || cluster.in_mirror("late", "1").is_some(),
+        log,
+    );
+    assert_eq!(
+        cluster.pod_calls(),
+        [
+            LIST.to_string(),
+            watch(100),
+            watch(100),
+            watch(100),
+            LIST.to_string(),
+            watch(300)
+        ],
+        "{}",
+        log()
+    );
+}
+
 /// Ten Pods ask for one image, one event each, five arriving while the copy runs (the source is
 /// 50 ms away) and five after it is done: skopeo is run for it once (one look at the mirror, one copy).
 /// Each Pod is then marked with one patch that tests its record and removes it and the label;
