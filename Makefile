@@ -73,8 +73,17 @@ lint:
 target/floor-policy.wasm: bench/floor-policy/src/lib.rs bench/floor-policy/Cargo.toml Cargo.lock
 	scripts/build-wasm.sh floor-policy $@
 
+# BENCH_ONLY=fill-watch: the watch mode's time to mirror alone (tests/fill_watch.rs
+# time_to_mirror), from the test build: its time is skopeo's and the script's, so it needs no
+# release build of the harness.
+ifeq ($(BENCH_ONLY),fill-watch)
+bench: deps policy.wasm
+	$(CARGO) test --locked --test fill_watch -- --ignored --nocapture time_to_mirror
+else
 bench: deps policy.wasm target/floor-policy.wasm
 	$(CARGO) bench --locked --bench admission
+	$(CARGO) test --locked --test fill_watch -- --ignored --nocapture time_to_mirror
+endif
 
 # make push REGISTRY=registry://ghcr.io/ORG/policies/image-swapper:v0.1.0
 push: annotated-policy.wasm

@@ -48,6 +48,23 @@
 #   fill-mirror.sh --copies FILE [--ecr] [--dry-run] [--insecure] [--signatures] [--source-auth FILE]
 #       Copies what --list printed (needs skopeo only, and the AWS CLI with --ecr): a job can
 #       read the reports in one container and copy in another.
+#   fill-mirror.sh --watch --spool DIR [--settings FILE | --swap-policy NAME] [--policy ID]...
+#                  [--reports-every SECONDS]
+#       The watch mode's watcher (kubectl and jq): lists the Pods that carry the record, follows
+#       them with a watch (resuming from the last resourceVersion, listing again on 410 Gone or
+#       when the watch cannot resume), checks each record's copies as --list does and queues
+#       each once in DIR; removes a Pod's entries once the mirror holds them (one JSON patch that
+#       tests the record, and removes the label with the last entry). Every --reports-every
+#       seconds (600) it reads the settings, the reports and the Pods again as --list does.
+#   fill-mirror.sh --copier --spool DIR [--jobs N] [--retry SECONDS] [--prepared] [--ecr]
+#                  [--insecure] [--signatures] [--source-auth FILE]
+#       The watch mode's copier (skopeo): makes the queued copies with --copies, at most --jobs
+#       (4) at once; a source registry that answers 429 or 5xx gets none of its copies for
+#       --retry seconds (10), doubled at each such answer up to 300, and another failed copy is
+#       retried so too. --prepared: only the copies the ECR step prepared.
+#   fill-mirror.sh --ecr-prepare --spool DIR
+#       The watch mode's ECR step (the AWS CLI and bash): creates each queued copy's repository,
+#       logs in to its registry (again every 6 hours), and hands it to the copier.
 # --policy: the check policy's id in the reports' results; each --policy adds one, and without
 # it both ids of a ClusterAdmissionPolicy named image-swapper-check are read,
 # clusterwide-image-swapper-check (before 1.37.2) and kw.cap.image-swapper-check (1.37.2 on).
@@ -104,22 +121,38 @@ dry_run=false
 signatures=false
 source_auth=${FILL_SOURCE_AUTH_FILE:-}
 tls=()
+spool=
+jobs=4
+retry=10
+reports_every=600
+prepared=false
+# The arguments a watch passes on: to its `--list` runs (the watcher) or `--copies` runs (the
+# copier).
+list_args=()
+copy_args=()
 
 while (($#)); do
   case $1 in
-    --policy) policies+=("${2:?--policy needs an id}"); shift 2 ;;
+    --watch) mode=watch; shift ;;
+    --copier) mode=copier; shift ;;
+    --spool) spool=${2:?--spool needs a directory}; shift 2 ;;
+    --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
+    --retry) retry=${2:?--retry needs seconds}; shift 2 ;;
+    --reports-every) reports_every=${2:?--reports-every needs seconds}; shift 2 ;;
+    --prepared) prepared=true; shift ;;
+    --policy) policies+=("${2:?--policy needs an id}"); list_args+=("$1" "$2"); shift 2 ;;
     --reports) reports+=("${2:?--reports needs a file}"); shift 2 ;;
     --pods) pods+=("${2:?--pods needs a file}"); shift 2 ;;
     --settings) settings_file=${2:?--settings needs a file}; shift 2 ;;
     --swap-policy) swap_policy=${2:?--swap-policy needs a name}; shift 2 ;;
-    --ecr) ecr=true; shift ;;
+    --ecr) ecr=true; copy_args+=("$1"); shift ;;
     --ecr-prepare) ecr=true; mode=ecr-prepare; shift ;;
     --copies) copies_file=${2:?--copies needs a file}; shift 2 ;;
     --list) mode=list; shift ;;
     --dry-run) dry_run=true; shift ;;
-    --signatures) signatures=true; shift ;;
-    --source-auth) source_auth=${2:?--source-auth needs a file}; shift 2 ;;
-    --insecure) tls=(--tls-verify=false); shift ;;
+    --signatures) signatures=true; copy_args+=("$1"); shift ;;
+    --source-auth) source_auth=${2:?--source-auth needs a file}; copy_args+=("$1" "$2"); shift 2 ;;
+    --insecure) tls=(--tls-verify=false); copy_args+=("$1"); shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "fill-mirror: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -430,7 +463,383 @@ copies_from_file() {
   done <"$1" | unique_lines
 }
 
-if [[ -n $copies_file ]]; then
+# The watch mode (docs/operations.md, "Filling the mirror"): a watcher with kubectl and jq
+# (--watch) and a copier with skopeo (--copier), sharing a spool directory, since no public image
+# has all three. The watcher lists the Pods that carry the record, follows them with a watch
+# from the list's resourceVersion, checks each record's copies with this script's own --list
+# (the same checks as a run), and queues each accepted copy once; the copier runs at most --jobs
+# of them at once with this script's own --copies. A copy is a file named after the copy's
+# sha256, written atomically (a rename): queue/ (or ready/ with --prepared, after the ECR step),
+# in-flight/ while the copier runs it, done/ once the mirror holds it (copied, or there already),
+# gone/ when its source has no such image. done/ and gone/ are remembered for --reports-every
+# seconds. The watcher then removes the filled entries from each Pod's record, and the label with
+# the last, in one JSON patch that tests the record it read.
+watch_selector=image-swapper.kubewarden.io%2Funmirrored
+watch_record=image-swapper.kubewarden.io~1unmirrored-images
+watch_label=image-swapper.kubewarden.io~1unmirrored
+
+now_seconds() { printf '%(%s)T' -1; }
+# Milliseconds since the epoch (bash 5's EPOCHREALTIME).
+now_ms() { local t=${EPOCHREALTIME/[.,]/}; echo $((10#${t:0:-3})); }
+
+# The spool's name of a copy line, in REPLY (cached: one sha256sum per copy).
+declare -A spool_keys=()
+spool_key() {
+  if [[ -z ${spool_keys[$1]:-} ]]; then
+    local sum
+    sum=$(printf '%s' "$1" | sha256sum)
+    spool_keys[$1]=${sum%% *}
+  fi
+  REPLY=${spool_keys[$1]}
+}
+
+spool_dirs() {
+  mkdir -p "$spool"/{queue,ready,in-flight,done,gone,tmp} || {
+    echo "fill-mirror: --spool $spool cannot be written" >&2
+    exit 2
+  }
+}
+
+# Queues the copy "SOURCE DESTINATION" unless it is queued, running or finished already.
+enqueue() {
+  local line=$1 key dir
+  spool_key "$line"
+  key=$REPLY
+  for dir in queue ready in-flight done gone; do
+    [[ ! -e $spool/$dir/$key ]] || return 0
+  done
+  printf '%s\n' "$line" >"$spool/tmp/$key" && mv "$spool/tmp/$key" "$spool/queue/$key"
+  echo "queued docker://${line% *} to docker://${line#* }"
+}
+
+# The notes of --list runs (refused and skipped records), each printed once.
+declare -A watch_noted=()
+note_once() {
+  local line
+  while IFS= read -r line; do
+    [[ -n $line && $line != 'fill-mirror: listed '* && -z ${watch_noted[$line]:-} ]] || continue
+    watch_noted[$line]=1
+    printf '%s\n' "$line" >&2
+  done
+}
+
+# Checks the copies of the Pods in the file $1 (JSON objects) with --list, and queues them.
+queue_pods() {
+  local line
+  [[ -s $1 ]] || return 0
+  while IFS= read -r line; do
+    [[ -z $line ]] || enqueue "$line"
+  done < <("$BASH" "$0" --list --pods "$1" --settings "$watch_settings" 2>"$watch_state/notes" || true)
+  note_once <"$watch_state/notes"
+}
+
+# What the watcher knows of each recorded Pod (namespace/name): its record as read, and its
+# entries, one "CONTAINER␟COPY␟SIGNATURE COPY" line each (␟ the unit separator; CONTAINER in JSON) (the copies as
+# "SOURCE DESTINATION", empty when the entry has none in the policy's form).
+declare -A pod_records=() pod_entries=() pod_pending=()
+watch_rv=
+watch_relist=false
+
+# Reads the watch events in the array `batch` (one JSON event a line, or a Pod list's items
+# as ADDED events): the resourceVersion, the Pods' records, an ERROR; then queues the copies.
+process_events() {
+  local kind key rv text container copy signature pods=$watch_state/pods.json
+  ((${#batch[@]})) || return 0
+  : >"$pods"
+  while IFS=$'\x1f' read -r kind key rv text; do
+    case $kind in
+      object) printf '%s\n' "$key" >>"$pods" ;;
+      rv) [[ -z $key ]] || watch_rv=$key ;;
+      pod)
+        [[ -z $rv ]] || watch_rv=$rv
+        pod_records[$key]=$text
+        pod_entries[$key]=
+        pod_pending[$key]=1
+        ;;
+      entry)
+        IFS=$'\x1f' read -r container copy signature <<<"$rv"$'\x1f'"$text"
+        pod_entries[$key]+="$container"$'\x1f'"$copy"$'\x1f'"$signature"$'\n'
+        ;;
+      deleted)
+        [[ -z $rv ]] || watch_rv=$rv
+        unset "pod_records[$key]" "pod_entries[$key]" "pod_pending[$key]"
+        ;;
+      error)
+        echo "fill-mirror: the watch answered an error (code $key: $text), listing again" >&2
+        watch_relist=true
+        ;;
+      *) echo "fill-mirror: a watch event that is not JSON, skipped: $key" >&2 ;;
+    esac
+  done < <(printf '%s\n' "${batch[@]}" | jq -R -r --argjson routing null "$jq_routing"'
+    def where: "\(.metadata.namespace? // "" | tostring)/\(.metadata.name? // "" | tostring)";
+    def form: if type == "string" then (capture("\\A" + copy_form + "\\z") // null | if . then "\(.source) \(.destination)" else "" end) else "" end;
+    . as $text | (try fromjson catch null) as $event
+    | if ($event | type) != "object" or ($event.type | type) != "string"
+      then "unreadable\u001f\($text | .[0:120] | one_line)"
+      elif $event.type == "BOOKMARK" then "rv\u001f\($event.object.metadata.resourceVersion? // "" | tostring)"
+      elif $event.type == "ERROR"
+      then "error\u001f\($event.object.code? // "" | tostring)\u001f\u001f\($event.object.message? // "" | tostring | one_line)"
+      elif ($event.object | type) != "object" then "unreadable\u001f\($text | .[0:120] | one_line)"
+      else $event.object as $pod | ($pod | where) as $key
+        | ($pod.metadata.resourceVersion? // "" | tostring) as $rv
+        | if $event.type == "DELETED" then "deleted\u001f\($key)\u001f\($rv)"
+          else ($pod.metadata.annotations?["image-swapper.kubewarden.io/unmirrored-images"]? // null) as $record
+            | "object\u001f\($pod | tojson)",
+              "pod\u001f\($key)\u001f\($rv)\u001f\($record | tojson)",
+              ($record | strings | try fromjson catch null | objects | to_entries[]
+               | "entry\u001f\($key)\u001f\(.key | tojson)\u001f\(.value | objects | .copy | form)\u001f\(.value | objects | .signatureCopy | form)")
+          end
+      end')
+  queue_pods "$pods"
+}
+
+# The entries of each pending Pod whose copies the mirror now holds: one patch per Pod that
+# removes them (and the label with the last), testing that the record is still the one read.
+mark_records() {
+  local key container copy signature filled old patch namespace name
+  for key in "${!pod_pending[@]}"; do
+    filled=()
+    while IFS=$'\x1f' read -r container copy signature; do
+      [[ -n $container && -n $copy ]] || continue
+      spool_key "$copy"
+      [[ -e $spool/done/$REPLY ]] || continue
+      if [[ -n $signature ]]; then
+        spool_key "$signature"
+        [[ -e $spool/done/$REPLY ]] || continue
+      fi
+      filled+=("$container")
+    done <<<"${pod_entries[$key]:-}"
+    ((${#filled[@]})) || continue
+    unset "pod_pending[$key]"
+    old=${pod_records[$key]}
+    patch=$(printf '%s\n' "${filled[@]}" | jq -sc --argjson old "$old" '
+      . as $filled | "/metadata/annotations/'"$watch_record"'" as $path
+      | ($old | fromjson | with_entries(select(.key | IN($filled[]) | not))) as $kept
+      | [{op: "test", path: $path, value: $old}]
+        + if ($kept | length) > 0 then [{op: "replace", path: $path, value: ($kept | tojson)}]
+          else [{op: "remove", path: $path}, {op: "remove", path: "/metadata/labels/'"$watch_label"'"}] end') || continue
+    namespace=${key%%/*} name=${key#*/}
+    if kubectl patch pod -n "$namespace" "$name" --type=json -p "$patch" >/dev/null 2>"$watch_state/patch.err"; then
+      filled=("${filled[@]//\"/}")
+      echo "marked $key: the mirror holds $(IFS=,; echo "${filled[*]}")"
+    else
+      echo "fill-mirror: could not mark $key (read again at its next event): $(grep . "$watch_state/patch.err" | tail -n 1)" >&2
+    fi
+  done
+}
+
+# Lists the recorded Pods, their records replacing what the watcher knew; retried until the
+# API server answers.
+relist() {
+  local delay=1 list
+  until list=$(kubectl get --raw "/api/v1/pods?labelSelector=$watch_selector" 2>"$watch_state/list.err"); do
+    : >"$watch_state/alive"
+    echo "fill-mirror: listing the recorded Pods failed, again in ${delay}s: $(grep . "$watch_state/list.err" | tail -n 1)" >&2
+    sleep "$delay"
+    delay=$((delay < 30 ? delay * 2 : 30))
+  done
+  pod_records=() pod_entries=() pod_pending=()
+  mapfile -t batch < <(jq -c '.items[]? | {type: "ADDED", object: .}' <<<"$list" || true)
+  watch_rv=$(jq -r '.metadata.resourceVersion? // ""' <<<"$list" 2>/dev/null || true)
+  local listed_rv=$watch_rv
+  process_events
+  watch_rv=$listed_rv
+  watch_relist=false
+  echo "fill-mirror: listed ${#pod_records[@]} recorded Pods, watching from resourceVersion $watch_rv"
+}
+
+start_watch() {
+  rm -f "$watch_state/watch.rc"
+  exec {watch_fd}< <(kubectl get --raw "/api/v1/pods?watch=1&allowWatchBookmarks=true&labelSelector=$watch_selector&resourceVersion=$watch_rv" \
+    2>"$watch_state/watch.err"; echo $? >"$watch_state/watch.rc")
+  watch_pid=$!
+  watch_started=$(now_seconds) watch_events=0
+}
+
+stop_watch() {
+  exec {watch_fd}<&-
+  kill "$watch_pid" 2>/dev/null || true
+  wait "$watch_pid" 2>/dev/null || true
+}
+
+# Up to 500 lines of the watch in `batch`: the first within 0.2 s, the next each within 0.05 s.
+# A line cut by a timeout is kept for the next read; `ended` when the stream ends.
+watch_partial=
+read_events() {
+  local line status wait=0.2
+  batch=() ended=false
+  while ((${#batch[@]} < 500)); do
+    line= status=0
+    IFS= read -r -t "$wait" -u "$watch_fd" line || status=$?
+    if ((status == 0)); then
+      batch+=("$watch_partial$line") watch_partial= wait=0.05
+    elif ((status > 128)); then
+      watch_partial+=$line
+      return 0
+    else
+      [[ -z $watch_partial$line ]] || batch+=("$watch_partial$line")
+      watch_partial= ended=true
+      return 0
+    fi
+  done
+}
+
+read_settings_file() {
+  if [[ -n $settings_file ]]; then
+    watch_settings=$settings_file
+  elif kubectl get clusteradmissionpolicies.policies.kubewarden.io "$swap_policy" -o json >"$watch_state/settings.new" 2>"$watch_state/settings.err"; then
+    mv "$watch_state/settings.new" "$watch_state/settings.json"
+    watch_settings=$watch_state/settings.json
+  elif [[ -s $watch_state/settings.json ]]; then
+    echo "fill-mirror: could not read the swapping policy's settings, keeping the last: $(grep . "$watch_state/settings.err" | tail -n 1)" >&2
+  else
+    echo "fill-mirror: could not read the swapping policy's settings: $(grep . "$watch_state/settings.err" | tail -n 1)" >&2
+    exit 2
+  fi
+}
+
+# Every --reports-every seconds: the settings again, the reports and the Pods through the run's
+# own list, and finished copies forgotten (a copy the mirror lost since is queued again).
+periodic() {
+  local line settings_args=(--swap-policy "$swap_policy")
+  read_settings_file
+  [[ -z $settings_file ]] || settings_args=(--settings "$settings_file")
+  find "$spool/done" "$spool/gone" -type f -mmin "+$(((reports_every + 59) / 60))" -delete 2>/dev/null || true
+  while IFS= read -r line; do
+    [[ -z $line ]] || enqueue "$line"
+  done < <("$BASH" "$0" --list "${list_args[@]}" "${settings_args[@]}" 2>"$watch_state/notes" || true)
+  note_once <"$watch_state/notes"
+}
+
+watch_main() {
+  local failures=0 next_period rc
+  [[ -n $spool ]] || { echo "fill-mirror: --watch needs --spool DIR" >&2; exit 2; }
+  spool_dirs
+  watch_state=$spool/watch
+  mkdir -p "$watch_state"
+  trap 'kill "${watch_pid:-}" 2>/dev/null; exit 0' TERM INT
+  read_settings_file
+  relist
+  start_watch
+  next_period=0
+  while :; do
+    : >"$watch_state/alive"
+    read_events
+    watch_events=$((watch_events + ${#batch[@]}))
+    process_events
+    if $watch_relist; then
+      stop_watch
+      relist
+      start_watch
+    elif $ended; then
+      stop_watch
+      rc=$(cat "$watch_state/watch.rc" 2>/dev/null || echo 1)
+      if ((rc == 0)); then
+        failures=0
+        # A stream that ends at once, again and again, is not followed in a tight loop.
+        ((watch_events > 0 || $(now_seconds) - watch_started > 1)) || sleep 1
+        echo "fill-mirror: the watch ended, resuming from resourceVersion $watch_rv"
+      elif grep -qiE 'too old resource version|expired|gone|410' "$watch_state/watch.err"; then
+        echo "fill-mirror: the watch expired ($(grep . "$watch_state/watch.err" | tail -n 1)), listing again" >&2
+        relist
+      else
+        # It may be the API server down, or the watch refused: resume twice, then list again.
+        failures=$((failures + 1))
+        if ((failures >= 3)); then
+          echo "fill-mirror: the watch failed ($(grep . "$watch_state/watch.err" | tail -n 1)), listing again" >&2
+          relist
+          failures=0
+        else
+          echo "fill-mirror: the watch failed ($(grep . "$watch_state/watch.err" | tail -n 1)), again in ${failures}s" >&2
+          sleep "$failures"
+        fi
+      fi
+      start_watch
+    fi
+    mark_records
+    if (($(now_seconds) >= next_period)); then
+      periodic
+      next_period=$(($(now_seconds) + reports_every))
+    fi
+  done
+}
+
+# The copier: runs the queued copies, at most --jobs at once, each with --copies; backs off a
+# source registry that answers 429 or 5xx for --retry seconds, doubled at each answer up to 5
+# minutes, and retries any other failed copy so too.
+# skopeo's words for a registry's 429 and 5xx answers (containers/image: "too many requests to
+# registry", "invalid status code from registry 503 (Service Unavailable)", "received unexpected
+# HTTP status: 502 Bad Gateway").
+too_busy='too many requests|toomanyrequests|status( code)?( from registry)?:? (429|5[0-9][0-9])'
+copier_main() {
+  local input=queue file key source destination host now pid log line
+  local -A running=() host_until=() host_delay=() key_until=() key_delay=()
+  [[ -n $spool ]] || { echo "fill-mirror: --copier needs --spool DIR" >&2; exit 2; }
+  $prepared && input=ready
+  spool_dirs
+  # Copies a copier stopped before finishing run again.
+  for file in "$spool"/in-flight/*; do
+    [[ -e $file && $file != *.log ]] || continue
+    mv "$file" "$spool/$input/${file##*/}"
+  done
+  rm -f "$spool"/in-flight/*.log
+  trap 'kill "${!running[@]}" 2>/dev/null; exit 0' TERM INT
+  while :; do
+    : >"$spool/copier.alive"
+    now=$(now_ms)
+    for pid in "${!running[@]}"; do
+      ! kill -0 "$pid" 2>/dev/null || continue
+      wait "$pid" 2>/dev/null || true
+      key=${running[$pid]}
+      unset "running[$pid]"
+      log=$spool/in-flight/$key.log
+      read -r source destination <"$spool/in-flight/$key"
+      host=${source%%/*}
+      grep -v '^fill-mirror: [0-9]* copied, ' "$log" || true
+      if grep -qE '^(copied|skipped) docker://' "$log" && ! grep -q '^failed ' "$log"; then
+        mv "$spool/in-flight/$key" "$spool/done/$key"
+        unset "host_delay[$host]"
+      elif grep -q '^gone ' "$log"; then
+        mv "$spool/in-flight/$key" "$spool/gone/$key"
+      elif grep -qiE "$too_busy" "$log"; then
+        host_delay[$host]=$((${host_delay[$host]:-0} ? ${host_delay[$host]:-0} * 2 : retry))
+        ((host_delay[$host] <= 300)) || host_delay[$host]=300
+        host_until[$host]=$((now + host_delay[$host] * 1000))
+        echo "fill-mirror: $host answered $(grep -oiE "$too_busy" "$log" | head -n 1), its copies wait ${host_delay[$host]}s"
+        mv "$spool/in-flight/$key" "$spool/$input/$key"
+      else
+        key_delay[$key]=$((${key_delay[$key]:-0} ? ${key_delay[$key]:-0} * 2 : retry))
+        ((key_delay[$key] <= 300)) || key_delay[$key]=300
+        key_until[$key]=$((now + key_delay[$key] * 1000))
+        echo "fill-mirror: docker://$source to docker://$destination again in ${key_delay[$key]}s"
+        mv "$spool/in-flight/$key" "$spool/$input/$key"
+      fi
+      rm -f "$log"
+    done
+    for file in "$spool/$input"/*; do
+      ((${#running[@]} < jobs)) || break
+      [[ -e $file ]] || continue
+      key=${file##*/}
+      ((${key_until[$key]:-0} <= now)) || continue
+      read -r source destination <"$file" || continue
+      host=${source%%/*}
+      ((${host_until[$host]:-0} <= now)) || continue
+      mv "$file" "$spool/in-flight/$key" 2>/dev/null || continue
+      "$BASH" "$0" --copies "$spool/in-flight/$key" "${copy_args[@]}" >"$spool/in-flight/$key.log" 2>&1 &
+      running[$!]=$key
+    done
+    sleep 0.2
+  done
+}
+
+case $mode in
+  watch) watch_main ;;
+  copier) copier_main ;;
+esac
+
+if [[ $mode == ecr-prepare && -n $spool ]]; then
+  work=
+elif [[ -n $copies_file ]]; then
   if [[ ! -r $copies_file ]]; then
     echo "fill-mirror: --copies $copies_file cannot be read" >&2
     exit 2
@@ -586,6 +995,46 @@ ecr_repository() {
     return 1
   fi
 }
+
+# With --spool: the ECR step of the watch mode, between the watcher and the copier (the AWS CLI's
+# image, no skopeo, no jq). Each queued copy's repository is created, its registry's login
+# written to REGISTRY_AUTH_FILE (again every 6 hours: ECR's tokens last 12), and the copy moved
+# to ready/, where a copier started with --prepared takes it.
+ecr_spool_main() {
+  local file source destination host now
+  local -A logged=()
+  spool_dirs
+  trap 'exit 0' TERM INT
+  while :; do
+    : >"$spool/ecr.alive"
+    now=$(now_seconds)
+    for host in "${!logged[@]}"; do
+      ((now - logged[$host] >= 21600)) || continue
+      if ecr_login "$host"; then logged[$host]=$now; else logged[$host]=$((now - 21600 + 60)); fi
+    done
+    for file in "$spool"/queue/*; do
+      [[ -e $file ]] || continue
+      read -r source destination <"$file" || continue
+      host=${destination%%/*}
+      if [[ -z ${logged[$host]:-} ]]; then
+        if ecr_login "$host"; then
+          logged[$host]=$now
+          echo "logged in to $host"
+        else
+          # Again in a minute; its copies fail meanwhile, and say so.
+          logged[$host]=$((now - 21600 + 60))
+          echo "fill-mirror: could not log in to $host with aws ecr get-login-password; its copies will fail" >&2
+        fi
+      fi
+      ecr_repository "$destination" || echo "fill-mirror: the copy to docker://$destination will fail" >&2
+      mv "$file" "$spool/ready/${file##*/}"
+    done
+    sleep 0.5
+  done
+}
+if [[ $mode == ecr-prepare && -n $spool ]]; then
+  ecr_spool_main
+fi
 
 if [[ $mode == ecr-prepare ]]; then
   prepared=0 unprepared=0
