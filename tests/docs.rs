@@ -761,17 +761,28 @@ fn managed_prometheus_rules_are_the_prometheus_rules_alerts() {
             !documents.iter().any(|d| d["kind"] == "PrometheusRule"),
             "{place}: renders both Managed Prometheus rules and a PrometheusRule"
         );
-        let fill_job = documents
-            .iter()
-            .any(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "fill-mirror");
+        // An alert on the fill job's CronJob or its watch Deployment belongs where the overlay
+        // renders that object.
+        let renders = |kind: &str, name: &str| {
+            documents
+                .iter()
+                .any(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        };
+        let fill_job_objects = [
+            ("CronJob", "fill-mirror", "cronjob=\"fill-mirror\""),
+            (
+                "Deployment",
+                "fill-mirror-watch",
+                "deployment=\"fill-mirror-watch\"",
+            ),
+        ];
         let expected: Vec<&serde_json::Value> = base_alerts
             .iter()
             .filter(|a| {
-                fill_job
-                    || !a["expr"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .contains("cronjob=\"fill-mirror\"")
+                let expr = a["expr"].as_str().unwrap_or_default();
+                fill_job_objects
+                    .iter()
+                    .all(|(kind, name, selector)| renders(kind, name) || !expr.contains(selector))
             })
             .collect();
         let spec = serde_json::json!({"groups": rules.iter().flat_map(|r| {
