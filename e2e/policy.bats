@@ -9,6 +9,10 @@ load helpers
   check_case swap-pinned
 }
 
+@test "a mirror rule's pullSecret is appended to imagePullSecrets when the Pod is swapped there" {
+  check_case swap-pull-secret
+}
+
 @test "mirror lacks the image: keeps the original, warns, and records it with the copy that fills it" {
   check_case mirror-missing-kept
 }
@@ -91,10 +95,6 @@ load helpers
 
 @test "ordered mirrors: the first refusing connections: swapped to the second, with a warning naming the first" {
   check_case ordered-first-refusing
-}
-
-@test "ordered mirrors: the first down and slow to say so (457 ms): the second is still asked within the budget" {
-  check_case ordered-first-down-slow
 }
 
 @test "ordered mirrors: neither holds the image: onMissing, naming each mirror's outcome" {

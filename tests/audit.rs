@@ -217,6 +217,11 @@ fn a_pod_without_images_a_rule_routes_is_accepted_without_a_lookup() {
     assert!(lookups.is_empty(), "{lookups:?}");
 }
 
+/// The scanner is told apart by all of its marks at once (`is_audit_scan`): an empty
+/// `userInfo` and a request uid that is the Pod's own. A request with only one of them is an
+/// admission and is swapped: the scanner's shape with a username, and a request uid of its own
+/// without one (a hand-written request for `kwctl run`, which names no requester; the API server
+/// always does); then the API server's request, both marks gone.
 #[test]
 fn the_swapping_policy_answers_the_scanner_unchanged_and_an_admission_as_today() {
     let (mirror, digest) = mirror_with_nginx("audit-swap");
@@ -230,23 +235,35 @@ fn the_swapping_policy_answers_the_scanner_unchanged_and_an_admission_as_today()
     assert!(response.warnings.is_empty() && response.audit.is_empty());
     assert!(lookups.is_empty(), "{lookups:?}");
 
-    // The same object sent by the API server: a request uid of its own and a username.
+    let own_uid = json!("1299d386-525b-4032-98ae-1949f69f9cfc");
+    let username = json!({"username": "system:serviceaccount:kube-system:replicaset-controller"});
+    let mut with_username = scanned.clone();
+    with_username["userInfo"] = username.clone();
+    let mut own_uid_only = scanned.clone();
+    own_uid_only["uid"] = own_uid.clone();
     let mut admitted = scanned.clone();
-    admitted["uid"] = json!("1299d386-525b-4032-98ae-1949f69f9cfc");
-    admitted["userInfo"] =
-        json!({"username": "system:serviceaccount:kube-system:replicaset-controller"});
-    let (response, lookups) = run(&settings, &admitted);
-    assert_eq!(
-        response.image("containers", 0),
-        Some(format!("{}/hub/library/nginx:1.27@{digest}", mirror.host).as_str())
-    );
-    assert_eq!(lookups.len(), 1);
-    assert!(
-        response
-            .mutated
-            .as_ref()
-            .is_some_and(|pod| pod["metadata"]["annotations"][ORIGINALS].is_string())
-    );
+    admitted["uid"] = own_uid;
+    admitted["userInfo"] = username;
+    for (what, request) in [
+        ("the scanner's shape with a username", with_username),
+        ("a request uid of its own, no username", own_uid_only),
+        ("the API server's request", admitted),
+    ] {
+        let (response, lookups) = run(&settings, &request);
+        assert_eq!(
+            response.image("containers", 0),
+            Some(format!("{}/hub/library/nginx:1.27@{digest}", mirror.host).as_str()),
+            "{what}: swapped as an admission: {response:?}"
+        );
+        assert_eq!(lookups.len(), 1, "{what}: {lookups:?}");
+        assert!(
+            response
+                .mutated
+                .as_ref()
+                .is_some_and(|pod| pod["metadata"]["annotations"][ORIGINALS].is_string()),
+            "{what}: recorded"
+        );
+    }
 }
 
 /// policy-server's workers (one per CPU; 2 here), taking requests in the order they came.

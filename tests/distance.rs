@@ -269,6 +269,9 @@ fn ordered_mirrors_fail_over_between_hosts_20_ms_away() {
 /// 60-second cache). The far mirror is asked second, while the budget is fresh, and its image
 /// is swapped on every admission; nothing starts after the budget has run out, so every
 /// admission ends within the budget and one lookup of the far registry: before 1.6 s.
+/// On 1.35 and 1.38 the fresh process's cold start makes the near registry's first lookup
+/// refuse every later near one, so the far mirror comes second in container order too; the
+/// order itself is shown by `a_far_mirror_the_pod_names_last_is_asked_while_the_budget_is_fresh`.
 /// The `timeoutEvalSeconds` of the near-and-far admissions.
 const NEAR_AND_FAR_TIMEOUT_S: u64 = 3;
 
@@ -343,6 +346,78 @@ fn near_and_far(near_registry: &TestRegistry, far_registry: &TestRegistry, model
             );
         }
     }
+}
+
+/// The budget's order of lookups, seen where it decides the outcome: a Pod that names six
+/// images of a mirror 20 ms away, then one of a mirror 100 ms away, through a warm
+/// policy-server process (its cold start spent, which would otherwise make the near registry's
+/// first lookup the slowest and refuse every later one, whatever the order). The far mirror is
+/// asked second, while the budget is fresh, and the near images fill what is left: the
+/// evaluation ends within the budget and one near lookup. In container order the near lookups
+/// would spend the budget first and the far one would start at its end, ending about a far
+/// lookup past it (issue 40, item 4).
+#[test]
+fn a_far_mirror_the_pod_names_last_is_asked_while_the_budget_is_fresh() {
+    let near_registry = filled_mirror("last-near", 6);
+    let far_registry = filled_mirror("last-far", 1);
+    rig::policy();
+    for model in HostModel::ALL {
+        far_named_last(&near_registry, &far_registry, model);
+    }
+}
+
+fn far_named_last(near_registry: &TestRegistry, far_registry: &TestRegistry, model: HostModel) {
+    let process = HostProcess::warm();
+    let near = far_in(near_registry, 20, model, &process);
+    let far = far_in(far_registry, 100, model, &process);
+    let settings = json!({
+        "mirrors": [
+            {"source": "docker.io", "target": format!("{}/hub", near.host)},
+            {"source": "quay.io/far", "target": format!("{}/hub/library", far.host)},
+        ],
+        "lookupBudgetMilliseconds": BUDGET_MS,
+    });
+    let request = pod((0..6)
+        .map(|i| format!("app{i}:1"))
+        .chain(std::iter::once("quay.io/far/app0:1".to_string())));
+    let host = shared(LiveHost::default());
+    let response = rig::validate_within(
+        &settings,
+        &request,
+        host.clone(),
+        Some(NEAR_AND_FAR_TIMEOUT_S),
+    );
+    let name = model.name();
+    assert!(response.accepted, "policy-server {name}: {response:?}");
+    let asked: Vec<String> = host
+        .lock()
+        .unwrap()
+        .exchanges
+        .iter()
+        .map(|exchange| exchange.image.clone())
+        .collect();
+    assert!(
+        asked.len() >= 2 && asked[1].starts_with(&far.host),
+        "policy-server {name}: the far mirror asked second, while the budget is fresh: {asked:?}"
+    );
+    let images = images(&response, &request);
+    assert!(
+        images[6].starts_with(&format!("{}/hub/library/app0:1@sha256:", far.host)),
+        "policy-server {name}: {images:?} {:?}",
+        response.warnings
+    );
+    let evaluation_ms = response.audit["summary"]["evaluationMilliseconds"]
+        .as_u64()
+        .expect("ms");
+    let bound = BUDGET_MS + model.lookup(Duration::from_millis(20)).as_millis() as u64;
+    eprintln!(
+        "policy-server {name}: the far mirror named last, the module measured {evaluation_ms} ms (bound {bound} ms) in {} lookups",
+        asked.len()
+    );
+    assert!(
+        evaluation_ms < bound,
+        "policy-server {name}: the module measured {evaluation_ms} ms, past the budget and one near lookup ({bound} ms); asked {asked:?}"
+    );
 }
 
 #[test]

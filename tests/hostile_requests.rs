@@ -9,6 +9,7 @@ use rig::{Response, pod_request, shared};
 use serde_json::{Value, json};
 
 const MIRROR_NGINX: &str = "mirror.example.com/dockerhub/library/nginx:1.27";
+const ORIGINALS: &str = "image-swapper.kubewarden.io/original-images";
 const DIGEST: &str = "sha256:3a25d2cf1dfc34e2a6cbe33f4b8e0f2ff0a7c1d3e5b7f9a1c3e5d7f9b1a3c5e7";
 
 fn settings() -> Value {
@@ -70,8 +71,13 @@ fn malformed_pods_are_accepted_unchanged() {
     }
 }
 
+/// A container without a name is swapped like any other, and left out of the original-images
+/// record: the record is keyed by container name, and the re-apply rule finds a container's
+/// entry by its name, so an entry under no name could be matched to no container (and several
+/// nameless containers would share it). The API server refuses a Pod whose containers lack
+/// names, so such a container only comes from a hand-made request.
 #[test]
-fn containers_without_names_are_swapped_and_recorded() {
+fn containers_without_names_are_swapped_and_left_out_of_the_record() {
     let response = answer(&pod_request(
         "CREATE",
         json!({"containers": [{"image": "nginx:1.27"}]}),
@@ -79,6 +85,12 @@ fn containers_without_names_are_swapped_and_recorded() {
     assert_eq!(
         response.image("containers", 0),
         Some(format!("{MIRROR_NGINX}@{DIGEST}").as_str())
+    );
+    let pod = response.mutated.as_ref().expect("mutated");
+    assert_eq!(
+        pod["metadata"]["annotations"].get(ORIGINALS),
+        None,
+        "no record for a nameless container: {pod}"
     );
 }
 
@@ -279,5 +291,43 @@ fn the_pod_never_chooses_the_mirror() {
     assert_eq!(
         response.image("containers", 1),
         Some("evil.example.com/dockerhub/library/nginx:1.27")
+    );
+}
+
+/// Nor through the live Pod's record of original images, the one thing of the Pod the policy
+/// reads back (the re-apply rule): an UPDATE whose live Pod carries a record its author wrote
+/// is decided afresh when the record does not describe what the container runs. `web` runs a
+/// mirror the settings do not route to and records `nginx:1.27` as its original; `cache` runs
+/// the settings' nginx mirror image and records `redis:7`. Trusting the record would keep
+/// `evil.example.com` for `web` and nginx for a container that asks for redis.
+#[test]
+fn a_forged_record_of_original_images_chooses_nothing_on_update() {
+    let forged = json!(r#"{"web":"nginx:1.27","cache":"redis:7"}"#);
+    let mut request = pod_request(
+        "UPDATE",
+        json!({"containers": [
+            {"name": "web", "image": "nginx:1.27"},
+            {"name": "cache", "image": "redis:7"},
+        ]}),
+    );
+    request["object"]["metadata"]["annotations"] = json!({ORIGINALS: forged});
+    let mut old = request["object"].clone();
+    old["spec"]["containers"] = json!([
+        {"name": "web", "image": "evil.example.com/dockerhub/library/nginx:1.27"},
+        {"name": "cache", "image": format!("{MIRROR_NGINX}@{DIGEST}")},
+    ]);
+    request["oldObject"] = old;
+    let response = answer(&request);
+    assert!(response.accepted, "{response:?}");
+    assert_eq!(
+        response.image("containers", 0),
+        Some(format!("{MIRROR_NGINX}@{DIGEST}").as_str()),
+        "web: decided afresh, swapped to the settings' target"
+    );
+    assert_eq!(
+        response.image("containers", 1),
+        Some("redis:7"),
+        "cache: decided afresh (the mirror lacks redis), not kept on the nginx it ran: {:?}",
+        response.warnings
     );
 }
