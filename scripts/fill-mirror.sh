@@ -1067,9 +1067,33 @@ source_gone() {
   grep -oiE -m 1 'manifest unknown|name unknown|repository name not known' <<<"$output" | head -n 1 | grep .
 }
 
+# What registries answer for a manifest or a repository that does not exist (skopeo prints the
+# error's code, then the registry's message): distribution's "manifest unknown" and "name
+# unknown" ("repository name not known to registry"), ECR's "The repository with name '...' does
+# not exist in the registry ..." and "Requested image not found", Artifact Registry's `Failed to
+# fetch "<tag>"` and `Repository "<name>" not found`.
+absent_words='manifest unknown|name unknown|repository name not known to registry|does not exist in the registry|requested image not found|failed to fetch "|repository "[^"]*" not found'
+
+# Whether docker://$1 exists: 0 it does, 1 its registry says it does not, 2 the registry could
+# not be asked or its answer says neither (a 429, a 5xx, refused credentials, a timeout); then
+# REPLY holds its words. Only "does not exist" lets a copy run: anything else could be a tag
+# that exists, which a copy would move.
+exists() {
+  local output
+  if output=$(skopeo inspect --raw "${tls[@]}" "docker://$1" 2>&1 >/dev/null); then
+    return 0
+  fi
+  if grep -qiE "$absent_words" <<<"$output"; then
+    return 1
+  fi
+  REPLY=$(grep . <<<"$output" | tail -n 1 || true)
+  REPLY=${REPLY:-skopeo inspect failed with no output}
+  return 2
+}
+
 # With --signatures: the cosign signature of the image now at docker://$2, from $1's repository.
 copy_signature() {
-  local source=$1 destination=$2 raw hex tag from to output
+  local source=$1 destination=$2 raw hex tag from to output status
   [[ $destination != *.sig ]] || return 0
   raw=$(skopeo inspect --raw "${tls[@]}" "docker://$destination" 2>/dev/null) || return 0
   hex=$(printf '%s' "$raw" | sha256sum | cut -d' ' -f1)
@@ -1080,8 +1104,14 @@ copy_signature() {
     echo "no signature docker://$from to copy"
     return 0
   fi
-  if skopeo inspect --raw "${tls[@]}" "docker://$to" >/dev/null 2>&1; then
+  status=0
+  exists "$to" || status=$?
+  if ((status == 0)); then
     echo "skipped docker://$to: it exists already"
+    return 0
+  elif ((status == 2)); then
+    echo "failed docker://$from to docker://$to: could not tell whether docker://$to exists: $REPLY"
+    failed=$((failed + 1))
     return 0
   fi
   if output=$(skopeo copy --all --preserve-digests \
@@ -1102,10 +1132,16 @@ while read -r source destination; do
     echo "would copy docker://$source to docker://$destination"
     continue
   fi
-  if skopeo inspect --raw "${tls[@]}" "docker://$destination" >/dev/null 2>&1; then
+  status=0
+  exists "$destination" || status=$?
+  if ((status == 0)); then
     echo "skipped docker://$destination: it exists already"
     skipped=$((skipped + 1))
     if $signatures; then copy_signature "$source" "$destination"; fi
+    continue
+  elif ((status == 2)); then
+    echo "failed docker://$source to docker://$destination: could not tell whether docker://$destination exists: $REPLY"
+    failed=$((failed + 1))
     continue
   fi
   if $ecr && ! ecr_repository "$destination"; then
