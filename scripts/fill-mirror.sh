@@ -766,7 +766,9 @@ watch_main() {
 
 # The copier: runs the queued copies, at most --jobs at once, each with --copies; backs off a
 # source registry that answers 429 or 5xx for --retry seconds, doubled at each answer up to 5
-# minutes, and retries any other failed copy so too.
+# minutes, and retries any other failed copy so too. A failed copy goes back to queue/, with
+# --prepared too: the ECR step prepares it again (a repository it could not create is tried
+# again), and the backoff holds it in ready/ after that.
 # skopeo's words for a registry's 429 and 5xx answers (containers/image: "too many requests to
 # registry", "invalid status code from registry 503 (Service Unavailable)", "received unexpected
 # HTTP status: 502 Bad Gateway").
@@ -806,13 +808,13 @@ copier_main() {
         ((host_delay[$host] <= 300)) || host_delay[$host]=300
         host_until[$host]=$((now + host_delay[$host] * 1000))
         echo "fill-mirror: $host answered $(grep -oiE "$too_busy" "$log" | head -n 1), its copies wait ${host_delay[$host]}s"
-        mv "$spool/in-flight/$key" "$spool/$input/$key"
+        mv "$spool/in-flight/$key" "$spool/queue/$key"
       else
         key_delay[$key]=$((${key_delay[$key]:-0} ? ${key_delay[$key]:-0} * 2 : retry))
         ((key_delay[$key] <= 300)) || key_delay[$key]=300
         key_until[$key]=$((now + key_delay[$key] * 1000))
         echo "fill-mirror: docker://$source to docker://$destination again in ${key_delay[$key]}s"
-        mv "$spool/in-flight/$key" "$spool/$input/$key"
+        mv "$spool/in-flight/$key" "$spool/queue/$key"
       fi
       rm -f "$log"
     done

@@ -1124,3 +1124,77 @@ fn time_to_mirror() {
         &[(1, 1, 5), (100, 1, 1), (20, 20, 1)],
     );
 }
+
+/// On ECR, a repository the AWS CLI's step could not create at first (here its first
+/// `aws ecr create-repository` fails) is tried again: the copy into it fails, the `--prepared`
+/// copier sends it back to `queue/`, the ECR step creates the repository, and the copy is made.
+#[test]
+fn on_ecr_a_repository_that_could_not_be_created_is_tried_again() {
+    use rig::ecr::{EcrRegistry, Moto};
+    let cluster = Cluster::start("watch-ecr-again");
+    let storage = TestRegistry::start("watch-ecr-again-storage").expect("registry");
+    let moto = Moto::start().expect("moto");
+    let ecr = EcrRegistry::start(&storage, &moto).expect("ECR front");
+    let digest =
+        Image::new("api 4 for ecr", "linux/amd64").push(&cluster.source, "team/api", Some("4"));
+    cluster.write(
+        "policy.json",
+        &json!({"spec": {"settings": {"mirrors": [{"source": cluster.source.host, "target": format!("{}/cache", ecr.host)}]}}}),
+    );
+    let record = json!({"api": {"source": format!("{}/team/api:4", cluster.source.host),
+        "copy": format!("skopeo copy --all --preserve-digests docker://{0}/team/api:4 docker://{1}/cache/team/api:4", cluster.source.host, ecr.host)}});
+    cluster.list(
+        0,
+        100,
+        &[json!({
+            "metadata": {"name": "api-0", "namespace": "default", "resourceVersion": "90",
+                "labels": {LABEL: "true"}, "annotations": {RECORD: record.to_string()}},
+            "spec": {"containers": [{"name": "api", "image": format!("{}/team/api:4", cluster.source.host)}]},
+        })],
+    );
+    let auth = cluster.dir.join("spool/auth.json").display().to_string();
+    let watcher = cluster.watcher();
+    let tools = aws_cli_image(&cluster.dir);
+    // The first repository creation fails, as a throttled or refused API call would.
+    let aws = std::fs::read_link(tools.join("aws")).expect("aws");
+    std::fs::remove_file(tools.join("aws")).expect("aws");
+    executable(
+        &tools.join("aws"),
+        &format!(
+            "#!/usr/bin/env bash\nif [[ $* == *create-repository* && ! -e {0}/created-once ]]; then\n  : >{0}/created-once\n  echo 'An error occurred (ThrottlingException) when calling the CreateRepository operation: Rate exceeded' >&2\n  exit 254\nfi\nexec {1} \"$@\"\n",
+            cluster.dir.display(),
+            aws.display()
+        ),
+    );
+    let mut env = moto.environment();
+    env.push(("REGISTRY_AUTH_FILE", auth.clone()));
+    let prepare = cluster.run_with(
+        "ecr",
+        &["--ecr-prepare"],
+        &tools.display().to_string(),
+        &env,
+    );
+    let copier = cluster.run_with(
+        "copier",
+        &["--copier", "--prepared", "--insecure", "--retry", "1"],
+        &cluster.path(),
+        &[("REGISTRY_AUTH_FILE", auth)],
+    );
+    let log = || format!("{}\n{}\n{}", watcher.log(), prepare.log(), copier.log());
+    wait_until("the Pod marked", 40, || !cluster.patches().is_empty(), log);
+    assert_eq!(
+        storage.digest_of("cache/team/api", "4").as_deref(),
+        Some(digest.as_str()),
+        "{}",
+        log()
+    );
+    assert!(
+        prepare.log().contains("Rate exceeded")
+            && prepare
+                .log()
+                .contains("created ECR repository cache/team/api")
+            && copier.log().contains("again in 1s"),
+        "{}",
+        log()
+    );
+}
