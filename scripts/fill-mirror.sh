@@ -537,6 +537,13 @@ queue_pods() {
 # entries, one "CONTAINER␟COPY␟SIGNATURE COPY" line each (␟ the unit separator; CONTAINER in JSON) (the copies as
 # "SOURCE DESTINATION", empty when the entry has none in the policy's form).
 declare -A pod_records=() pod_entries=() pod_pending=()
+# A Pod whose marking patch failed other than by its `test` (the API server's 429, a 5xx, a
+# timeout): when to send it again (epoch seconds), and the delay, 5 s doubled up to 60.
+declare -A pod_retry_at=() pod_retry_delay=()
+# kubectl's words when the patch's `test` failed (the record changed since it was read: the
+# API server's 422, "testing value ... failed") or the Pod is gone: it is read again at its next
+# event, not sent again.
+patch_final='testing value|test failed|test operation|request is invalid|rejected our request|unprocessable|\(NotFound\)|not found'
 watch_rv=
 watch_relist=false
 
@@ -562,7 +569,7 @@ process_events() {
         ;;
       deleted)
         [[ -z $rv ]] || watch_rv=$rv
-        unset "pod_records[$key]" "pod_entries[$key]" "pod_pending[$key]"
+        unset "pod_records[$key]" "pod_entries[$key]" "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]"
         ;;
       error)
         echo "fill-mirror: the watch answered an error (code $key: $text), listing again" >&2
@@ -596,8 +603,10 @@ process_events() {
 # The entries of each pending Pod whose copies the mirror now holds: one patch per Pod that
 # removes them (and the label with the last), testing that the record is still the one read.
 mark_records() {
-  local key container copy signature filled old patch namespace name
+  local key container copy signature filled old patch namespace name now error
+  now=$(now_seconds)
   for key in "${!pod_pending[@]}"; do
+    ((${pod_retry_at[$key]:-0} <= now)) || continue
     filled=()
     while IFS=$'\x1f' read -r container copy signature; do
       [[ -n $container && -n $copy ]] || continue
@@ -610,7 +619,6 @@ mark_records() {
       filled+=("$container")
     done <<<"${pod_entries[$key]:-}"
     ((${#filled[@]})) || continue
-    unset "pod_pending[$key]"
     old=${pod_records[$key]}
     patch=$(printf '%s\n' "${filled[@]}" | jq -sc --argjson old "$old" '
       . as $filled | "/metadata/annotations/'"$watch_record"'" as $path
@@ -620,10 +628,20 @@ mark_records() {
           else [{op: "remove", path: $path}, {op: "remove", path: "/metadata/labels/'"$watch_label"'"}] end') || continue
     namespace=${key%%/*} name=${key#*/}
     if kubectl patch pod -n "$namespace" "$name" --type=json -p "$patch" >/dev/null 2>"$watch_state/patch.err"; then
+      unset "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]"
       filled=("${filled[@]//\"/}")
       echo "marked $key: the mirror holds $(IFS=,; echo "${filled[*]}")"
     else
-      echo "fill-mirror: could not mark $key (read again at its next event): $(grep . "$watch_state/patch.err" | tail -n 1)" >&2
+      error=$(grep . "$watch_state/patch.err" | tail -n 1 || true)
+      if grep -qiE "$patch_final" <<<"$error"; then
+        unset "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]"
+        echo "fill-mirror: could not mark $key (read again at its next event): $error" >&2
+      else
+        pod_retry_delay[$key]=$((${pod_retry_delay[$key]:-0} ? ${pod_retry_delay[$key]:-0} * 2 : 5))
+        ((pod_retry_delay[$key] <= 60)) || pod_retry_delay[$key]=60
+        pod_retry_at[$key]=$((now + pod_retry_delay[$key]))
+        echo "fill-mirror: could not mark $key, again in ${pod_retry_delay[$key]}s: $error" >&2
+      fi
     fi
   done
 }
@@ -638,7 +656,7 @@ relist() {
     sleep "$delay"
     delay=$((delay < 30 ? delay * 2 : 30))
   done
-  pod_records=() pod_entries=() pod_pending=()
+  pod_records=() pod_entries=() pod_pending=() pod_retry_at=() pod_retry_delay=()
   mapfile -t batch < <(jq -c '.items[]? | {type: "ADDED", object: .}' <<<"$list" || true)
   watch_rv=$(jq -r '.metadata.resourceVersion? // ""' <<<"$list" 2>/dev/null || true)
   local listed_rv=$watch_rv

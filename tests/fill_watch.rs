@@ -26,7 +26,8 @@ const LIST: &str = "/api/v1/pods?labelSelector=image-swapper.kubewarden.io%2Funm
 /// `kubectl` where the API server would be: answers from the files in `$FAKE_KUBE` (list-N.json
 /// for the N-th list, watch-N.jsonl for the N-th watch, where `#sleep S` waits, `#wait FILE`
 /// waits for the test to write FILE, and `#fail TEXT` ends the stream with kubectl's error; a
-/// watch with no file stays open), records each request
+/// watch with no file stays open; with `patch-fails` holding N, the first N patches fail with
+/// the API server's 429, each stamped in `patch-failed`), records each request
 /// in `calls` and each patch in `patches` ("NAMESPACE/NAME PATCH"), and when it sent each event
 /// (`emitted`) and received each patch (`patched`), in epoch seconds.
 const FAKE_KUBECTL: &str = r#"#!/usr/bin/env bash
@@ -67,6 +68,11 @@ if [[ ${1:-} == get ]]; then
   exit 0
 fi
 if [[ ${1:-} == patch && $2 == pod && $3 == -n && $6 == --type=json && $7 == -p ]]; then
+  if [[ -f $dir/patch-fails ]] && (($(next patch) < $(<"$dir/patch-fails"))); then
+    echo "$EPOCHREALTIME" >>"$dir/patch-failed"
+    echo "Error from server (TooManyRequests): the server has received too many requests and has asked us to try again later" >&2
+    exit 1
+  fi
   echo "$EPOCHREALTIME" >>"$dir/patched"
   printf '%s/%s %s\n' "$4" "$5" "$8" >>"$dir/patches"
   echo "pod/$5 patched"
@@ -1194,6 +1200,38 @@ fn on_ecr_a_repository_that_could_not_be_created_is_tried_again() {
                 .log()
                 .contains("created ECR repository cache/team/api")
             && copier.log().contains("again in 1s"),
+        "{}",
+        log()
+    );
+}
+
+/// A marking patch that the API server refuses with 429 is sent again after 5 s, without a new
+/// event for the Pod: the Pod stays pending until its patch goes through.
+#[test]
+fn a_marking_patch_that_fails_is_sent_again_after_a_delay() {
+    let mut cluster = Cluster::start("watch-patch-again");
+    Image::new("retried 1", "linux/amd64").push(&cluster.source, "retried", Some("1"));
+    let pod = cluster.pod("retried", &[("web", "retried:1")]);
+    cluster.list(0, 100, &[pod]);
+    std::fs::write(cluster.dir.join("patch-fails"), "1").expect("write");
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("the Pod marked", 30, || !cluster.patches().is_empty(), log);
+    let failed = stamps(&cluster, "patch-failed");
+    let patched = stamps(&cluster, "patched");
+    assert_eq!((failed.len(), patched.len()), (1, 1), "{}", log());
+    assert!(
+        // 5 s on the watcher's whole-second clock: 4 s at least.
+        patched[0] - failed[0] >= 3.9,
+        "sent again {:.1} s after the 429\n{}",
+        patched[0] - failed[0],
+        log()
+    );
+    assert!(
+        watcher
+            .log()
+            .contains("fill-mirror: could not mark default/retried, again in 5s: Error from server (TooManyRequests)"),
         "{}",
         log()
     );
