@@ -627,6 +627,8 @@ mark_records() {
         + if ($kept | length) > 0 then [{op: "replace", path: $path, value: ($kept | tojson)}]
           else [{op: "remove", path: $path}, {op: "remove", path: "/metadata/labels/'"$watch_label"'"}] end') || continue
     namespace=${key%%/*} name=${key#*/}
+    # A long batch of patches is no hung watcher to the liveness probe.
+    : >"$watch_state/alive"
     if kubectl patch pod -n "$namespace" "$name" --type=json -p "$patch" >/dev/null 2>"$watch_state/patch.err"; then
       unset "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]"
       filled=("${filled[@]//\"/}")
@@ -1034,6 +1036,8 @@ ecr_spool_main() {
     done
     for file in "$spool"/queue/*; do
       [[ -e $file ]] || continue
+      # Each copy may take an AWS call or two: a long queue is no hung step to the probe.
+      : >"$spool/ecr.alive"
       read -r source destination <"$file" || continue
       host=${destination%%/*}
       if [[ -z ${logged[$host]:-} ]]; then

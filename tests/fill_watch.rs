@@ -27,7 +27,8 @@ const LIST: &str = "/api/v1/pods?labelSelector=image-swapper.kubewarden.io%2Funm
 /// for the N-th list, watch-N.jsonl for the N-th watch, where `#sleep S` waits, `#wait FILE`
 /// waits for the test to write FILE, and `#fail TEXT` ends the stream with kubectl's error; a
 /// watch with no file stays open; with `patch-fails` holding N, the first N patches fail with
-/// the API server's 429, each stamped in `patch-failed`), records each request
+/// the API server's 429, each stamped in `patch-failed`; `patch-sleep` holds how long each
+/// patch takes), records each request
 /// in `calls` and each patch in `patches` ("NAMESPACE/NAME PATCH"), and when it sent each event
 /// (`emitted`) and received each patch (`patched`), in epoch seconds.
 const FAKE_KUBECTL: &str = r#"#!/usr/bin/env bash
@@ -73,6 +74,7 @@ if [[ ${1:-} == patch && $2 == pod && $3 == -n && $6 == --type=json && $7 == -p 
     echo "Error from server (TooManyRequests): the server has received too many requests and has asked us to try again later" >&2
     exit 1
   fi
+  [[ ! -f $dir/patch-sleep ]] || sleep "$(<"$dir/patch-sleep")"
   echo "$EPOCHREALTIME" >>"$dir/patched"
   printf '%s/%s %s\n' "$4" "$5" "$8" >>"$dir/patches"
   echo "pod/$5 patched"
@@ -1233,6 +1235,53 @@ fn a_marking_patch_that_fails_is_sent_again_after_a_delay() {
             .log()
             .contains("fill-mirror: could not mark default/retried, again in 5s: Error from server (TooManyRequests)"),
         "{}",
+        log()
+    );
+}
+
+/// How old the file `name` of the spool is, in seconds (0 when it is missing).
+fn age(cluster: &Cluster, name: &str) -> f64 {
+    std::fs::metadata(cluster.dir.join("spool").join(name))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Four Pods marked in one batch whose patches take 1.2 s each: the watcher's alive file (its
+/// liveness probe's) is touched at every patch, so it is never older than about one patch,
+/// however long the batch.
+#[test]
+fn a_long_marking_batch_keeps_the_watcher_alive() {
+    let mut cluster = Cluster::start("watch-alive");
+    Image::new("alive 1", "linux/amd64").push(&cluster.source, "alive", Some("1"));
+    let pods: Vec<Value> = (0..4)
+        .map(|n| cluster.pod(&format!("alive-{n}"), &[("web", "alive:1")]))
+        .collect();
+    cluster.list(0, 100, &pods);
+    std::fs::write(cluster.dir.join("patch-sleep"), "1.2").expect("write");
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until(
+        "the image in the mirror",
+        30,
+        || cluster.in_mirror("alive", "1").is_some(),
+        log,
+    );
+    let mut oldest: f64 = 0.0;
+    wait_until(
+        "four Pods marked",
+        30,
+        || {
+            oldest = oldest.max(age(&cluster, "watch/alive"));
+            cluster.patches().len() == 4
+        },
+        log,
+    );
+    assert!(
+        oldest < 2.5,
+        "the alive file was {oldest:.1} s old during the marks\n{}",
         log()
     );
 }
