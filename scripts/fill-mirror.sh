@@ -540,6 +540,9 @@ declare -A pod_records=() pod_entries=() pod_pending=()
 # A Pod whose marking patch failed other than by its `test` (the API server's 429, a 5xx, a
 # timeout): when to send it again (epoch seconds), and the delay, 5 s doubled up to 60.
 declare -A pod_retry_at=() pod_retry_delay=()
+# Each recorded Pod's metadata.creationTimestamp (epoch seconds): when the policy wrote its
+# record, at admission.
+declare -A pod_created=()
 # kubectl's words when the patch's `test` failed (the record changed since it was read: the
 # API server's 422, "testing value ... failed") or the Pod is gone: it is read again at its next
 # event, not sent again.
@@ -562,14 +565,16 @@ process_events() {
         pod_records[$key]=$text
         pod_entries[$key]=
         pod_pending[$key]=1
+        unset "pod_created[$key]"
         ;;
+      created) [[ ! $rv =~ ^[0-9]+$ ]] || pod_created[$key]=$rv ;;
       entry)
         IFS=$'\x1f' read -r container copy signature <<<"$rv"$'\x1f'"$text"
         pod_entries[$key]+="$container"$'\x1f'"$copy"$'\x1f'"$signature"$'\n'
         ;;
       deleted)
         [[ -z $rv ]] || watch_rv=$rv
-        unset "pod_records[$key]" "pod_entries[$key]" "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]"
+        unset "pod_records[$key]" "pod_entries[$key]" "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]" "pod_created[$key]"
         ;;
       error)
         echo "fill-mirror: the watch answered an error (code $key: $text), listing again" >&2
@@ -593,11 +598,26 @@ process_events() {
           else ($pod.metadata.annotations?["image-swapper.kubewarden.io/unmirrored-images"]? // null) as $record
             | "object\u001f\($pod | tojson)",
               "pod\u001f\($key)\u001f\($rv)\u001f\($record | tojson)",
+              "created\u001f\($key)\u001f\($pod.metadata.creationTimestamp? // null | strings | try fromdateiso8601 catch "")",
               ($record | strings | try fromjson catch null | objects | to_entries[]
                | "entry\u001f\($key)\u001f\(.key | tojson)\u001f\(.value | objects | .copy | form)\u001f\(.value | objects | .signatureCopy | form)")
           end
       end')
   queue_pods "$pods"
+}
+
+# Whether the copy $2 (in done/ as $3) was made before Pod $1 was recorded (its creationTimestamp
+# later than the done/ file): the policy found the mirror without the image after the copy, so
+# the mirror lost it since (a lifecycle rule, a deletion). The copy is queued again, and the Pod
+# marked only once the mirror holds it anew.
+done_before_record() {
+  local created=${pod_created[$1]:-} made
+  [[ -n $created ]] || return 1
+  made=$(stat -c %Y "$spool/done/$3" 2>/dev/null) || return 1
+  ((created > made)) || return 1
+  rm -f "$spool/done/$3"
+  echo "fill-mirror: $1 was recorded after docker://${2#* } was made: the mirror lost it since, copying it again"
+  enqueue "$2"
 }
 
 # The entries of each pending Pod whose copies the mirror now holds: one patch per Pod that
@@ -612,9 +632,11 @@ mark_records() {
       [[ -n $container && -n $copy ]] || continue
       spool_key "$copy"
       [[ -e $spool/done/$REPLY ]] || continue
+      ! done_before_record "$key" "$copy" "$REPLY" || continue
       if [[ -n $signature ]]; then
         spool_key "$signature"
         [[ -e $spool/done/$REPLY ]] || continue
+        ! done_before_record "$key" "$signature" "$REPLY" || continue
       fi
       filled+=("$container")
     done <<<"${pod_entries[$key]:-}"
@@ -658,7 +680,7 @@ relist() {
     sleep "$delay"
     delay=$((delay < 30 ? delay * 2 : 30))
   done
-  pod_records=() pod_entries=() pod_pending=() pod_retry_at=() pod_retry_delay=()
+  pod_records=() pod_entries=() pod_pending=() pod_retry_at=() pod_retry_delay=() pod_created=()
   mapfile -t batch < <(jq -c '.items[]? | {type: "ADDED", object: .}' <<<"$list" || true)
   watch_rv=$(jq -r '.metadata.resourceVersion? // ""' <<<"$list" 2>/dev/null || true)
   local listed_rv=$watch_rv

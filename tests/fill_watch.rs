@@ -1285,3 +1285,52 @@ fn a_long_marking_batch_keeps_the_watcher_alive() {
         log()
     );
 }
+
+/// A Pod recorded after its copy was made: the spool's `done/` says the mirror held the image
+/// two minutes ago, but the Pod, created now, was recorded because the mirror lacked it (a
+/// lifecycle rule pruned it since). The copy is made again, and the Pod marked only once the
+/// mirror holds the image anew.
+#[test]
+fn a_pod_recorded_after_its_copy_was_made_has_it_made_again() {
+    let mut cluster = Cluster::start("watch-lost");
+    Image::new("lost 1", "linux/amd64").push(&cluster.source, "lost", Some("1"));
+    let mut pod = cluster.pod("lost", &[("web", "lost:1")]);
+    let now = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .expect("date");
+    pod["metadata"]["creationTimestamp"] = json!(String::from_utf8_lossy(&now.stdout).trim());
+    let line = format!(
+        "{}/lost:1 {}/hub/lost:1",
+        cluster.source.host, cluster.mirror.host
+    );
+    let key = rig::registry::sha256(line.as_bytes());
+    let done = cluster.dir.join("spool/done");
+    std::fs::create_dir_all(&done).expect("spool");
+    let made = done.join(key.trim_start_matches("sha256:"));
+    std::fs::write(&made, format!("{line}\n")).expect("write");
+    let touched = Command::new("touch")
+        .args(["-d", "2 minutes ago"])
+        .arg(&made)
+        .status()
+        .expect("touch");
+    assert!(touched.success());
+    cluster.list(0, 100, &[pod]);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("the Pod marked", 30, || !cluster.patches().is_empty(), log);
+    assert!(
+        cluster.in_mirror("lost", "1").is_some(),
+        "marked while the mirror lacks the image\n{}",
+        log()
+    );
+    assert!(
+        watcher.log().contains(&format!(
+            "fill-mirror: default/lost was recorded after docker://{}/hub/lost:1 was made: the mirror lost it since, copying it again",
+            cluster.mirror.host
+        )),
+        "{}",
+        log()
+    );
+}
