@@ -537,6 +537,16 @@ queue_pods() {
 # entries, one "CONTAINER␟COPY␟SIGNATURE COPY" line each (␟ the unit separator; CONTAINER in JSON) (the copies as
 # "SOURCE DESTINATION", empty when the entry has none in the policy's form).
 declare -A pod_records=() pod_entries=() pod_pending=()
+# A Pod whose marking patch failed other than by its `test` (the API server's 429, a 5xx, a
+# timeout): when to send it again (epoch seconds), and the delay, 5 s doubled up to 60.
+declare -A pod_retry_at=() pod_retry_delay=()
+# Each recorded Pod's metadata.creationTimestamp (epoch seconds): when the policy wrote its
+# record, at admission.
+declare -A pod_created=()
+# kubectl's words when the patch's `test` failed (the record changed since it was read: the
+# API server's 422, "testing value ... failed") or the Pod is gone: it is read again at its next
+# event, not sent again.
+patch_final='testing value|test failed|test operation|request is invalid|rejected our request|unprocessable|\(NotFound\)|not found'
 watch_rv=
 watch_relist=false
 
@@ -555,14 +565,16 @@ process_events() {
         pod_records[$key]=$text
         pod_entries[$key]=
         pod_pending[$key]=1
+        unset "pod_created[$key]"
         ;;
+      created) [[ ! $rv =~ ^[0-9]+$ ]] || pod_created[$key]=$rv ;;
       entry)
         IFS=$'\x1f' read -r container copy signature <<<"$rv"$'\x1f'"$text"
         pod_entries[$key]+="$container"$'\x1f'"$copy"$'\x1f'"$signature"$'\n'
         ;;
       deleted)
         [[ -z $rv ]] || watch_rv=$rv
-        unset "pod_records[$key]" "pod_entries[$key]" "pod_pending[$key]"
+        unset "pod_records[$key]" "pod_entries[$key]" "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]" "pod_created[$key]"
         ;;
       error)
         echo "fill-mirror: the watch answered an error (code $key: $text), listing again" >&2
@@ -586,6 +598,7 @@ process_events() {
           else ($pod.metadata.annotations?["image-swapper.kubewarden.io/unmirrored-images"]? // null) as $record
             | "object\u001f\($pod | tojson)",
               "pod\u001f\($key)\u001f\($rv)\u001f\($record | tojson)",
+              "created\u001f\($key)\u001f\($pod.metadata.creationTimestamp? // null | strings | try fromdateiso8601 catch "")",
               ($record | strings | try fromjson catch null | objects | to_entries[]
                | "entry\u001f\($key)\u001f\(.key | tojson)\u001f\(.value | objects | .copy | form)\u001f\(.value | objects | .signatureCopy | form)")
           end
@@ -593,24 +606,41 @@ process_events() {
   queue_pods "$pods"
 }
 
+# Whether the copy $2 (in done/ as $3) was made before Pod $1 was recorded (its creationTimestamp
+# later than the done/ file): the policy found the mirror without the image after the copy, so
+# the mirror lost it since (a lifecycle rule, a deletion). The copy is queued again, and the Pod
+# marked only once the mirror holds it anew.
+done_before_record() {
+  local created=${pod_created[$1]:-} made
+  [[ -n $created ]] || return 1
+  made=$(stat -c %Y "$spool/done/$3" 2>/dev/null) || return 1
+  ((created > made)) || return 1
+  rm -f "$spool/done/$3"
+  echo "fill-mirror: $1 was recorded after docker://${2#* } was made: the mirror lost it since, copying it again"
+  enqueue "$2"
+}
+
 # The entries of each pending Pod whose copies the mirror now holds: one patch per Pod that
 # removes them (and the label with the last), testing that the record is still the one read.
 mark_records() {
-  local key container copy signature filled old patch namespace name
+  local key container copy signature filled old patch namespace name now error
+  now=$(now_seconds)
   for key in "${!pod_pending[@]}"; do
+    ((${pod_retry_at[$key]:-0} <= now)) || continue
     filled=()
     while IFS=$'\x1f' read -r container copy signature; do
       [[ -n $container && -n $copy ]] || continue
       spool_key "$copy"
       [[ -e $spool/done/$REPLY ]] || continue
+      ! done_before_record "$key" "$copy" "$REPLY" || continue
       if [[ -n $signature ]]; then
         spool_key "$signature"
         [[ -e $spool/done/$REPLY ]] || continue
+        ! done_before_record "$key" "$signature" "$REPLY" || continue
       fi
       filled+=("$container")
     done <<<"${pod_entries[$key]:-}"
     ((${#filled[@]})) || continue
-    unset "pod_pending[$key]"
     old=${pod_records[$key]}
     patch=$(printf '%s\n' "${filled[@]}" | jq -sc --argjson old "$old" '
       . as $filled | "/metadata/annotations/'"$watch_record"'" as $path
@@ -619,11 +649,23 @@ mark_records() {
         + if ($kept | length) > 0 then [{op: "replace", path: $path, value: ($kept | tojson)}]
           else [{op: "remove", path: $path}, {op: "remove", path: "/metadata/labels/'"$watch_label"'"}] end') || continue
     namespace=${key%%/*} name=${key#*/}
+    # A long batch of patches is no hung watcher to the liveness probe.
+    : >"$watch_state/alive"
     if kubectl patch pod -n "$namespace" "$name" --type=json -p "$patch" >/dev/null 2>"$watch_state/patch.err"; then
+      unset "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]"
       filled=("${filled[@]//\"/}")
       echo "marked $key: the mirror holds $(IFS=,; echo "${filled[*]}")"
     else
-      echo "fill-mirror: could not mark $key (read again at its next event): $(grep . "$watch_state/patch.err" | tail -n 1)" >&2
+      error=$(grep . "$watch_state/patch.err" | tail -n 1 || true)
+      if grep -qiE "$patch_final" <<<"$error"; then
+        unset "pod_pending[$key]" "pod_retry_at[$key]" "pod_retry_delay[$key]"
+        echo "fill-mirror: could not mark $key (read again at its next event): $error" >&2
+      else
+        pod_retry_delay[$key]=$((${pod_retry_delay[$key]:-0} ? ${pod_retry_delay[$key]:-0} * 2 : 5))
+        ((pod_retry_delay[$key] <= 60)) || pod_retry_delay[$key]=60
+        pod_retry_at[$key]=$((now + pod_retry_delay[$key]))
+        echo "fill-mirror: could not mark $key, again in ${pod_retry_delay[$key]}s: $error" >&2
+      fi
     fi
   done
 }
@@ -638,7 +680,7 @@ relist() {
     sleep "$delay"
     delay=$((delay < 30 ? delay * 2 : 30))
   done
-  pod_records=() pod_entries=() pod_pending=()
+  pod_records=() pod_entries=() pod_pending=() pod_retry_at=() pod_retry_delay=() pod_created=()
   mapfile -t batch < <(jq -c '.items[]? | {type: "ADDED", object: .}' <<<"$list" || true)
   watch_rv=$(jq -r '.metadata.resourceVersion? // ""' <<<"$list" 2>/dev/null || true)
   local listed_rv=$watch_rv
@@ -766,7 +808,9 @@ watch_main() {
 
 # The copier: runs the queued copies, at most --jobs at once, each with --copies; backs off a
 # source registry that answers 429 or 5xx for --retry seconds, doubled at each answer up to 5
-# minutes, and retries any other failed copy so too.
+# minutes, and retries any other failed copy so too. A failed copy goes back to queue/, with
+# --prepared too: the ECR step prepares it again (a repository it could not create is tried
+# again), and the backoff holds it in ready/ after that.
 # skopeo's words for a registry's 429 and 5xx answers (containers/image: "too many requests to
 # registry", "invalid status code from registry 503 (Service Unavailable)", "received unexpected
 # HTTP status: 502 Bad Gateway").
@@ -806,13 +850,13 @@ copier_main() {
         ((host_delay[$host] <= 300)) || host_delay[$host]=300
         host_until[$host]=$((now + host_delay[$host] * 1000))
         echo "fill-mirror: $host answered $(grep -oiE "$too_busy" "$log" | head -n 1), its copies wait ${host_delay[$host]}s"
-        mv "$spool/in-flight/$key" "$spool/$input/$key"
+        mv "$spool/in-flight/$key" "$spool/queue/$key"
       else
         key_delay[$key]=$((${key_delay[$key]:-0} ? ${key_delay[$key]:-0} * 2 : retry))
         ((key_delay[$key] <= 300)) || key_delay[$key]=300
         key_until[$key]=$((now + key_delay[$key] * 1000))
         echo "fill-mirror: docker://$source to docker://$destination again in ${key_delay[$key]}s"
-        mv "$spool/in-flight/$key" "$spool/$input/$key"
+        mv "$spool/in-flight/$key" "$spool/queue/$key"
       fi
       rm -f "$log"
     done
@@ -1014,6 +1058,8 @@ ecr_spool_main() {
     done
     for file in "$spool"/queue/*; do
       [[ -e $file ]] || continue
+      # Each copy may take an AWS call or two: a long queue is no hung step to the probe.
+      : >"$spool/ecr.alive"
       read -r source destination <"$file" || continue
       host=${destination%%/*}
       if [[ -z ${logged[$host]:-} ]]; then
@@ -1067,9 +1113,33 @@ source_gone() {
   grep -oiE -m 1 'manifest unknown|name unknown|repository name not known' <<<"$output" | head -n 1 | grep .
 }
 
+# What registries answer for a manifest or a repository that does not exist (skopeo prints the
+# error's code, then the registry's message): distribution's "manifest unknown" and "name
+# unknown" ("repository name not known to registry"), ECR's "The repository with name '...' does
+# not exist in the registry ..." and "Requested image not found", Artifact Registry's `Failed to
+# fetch "<tag>"` and `Repository "<name>" not found`.
+absent_words='manifest unknown|name unknown|repository name not known to registry|does not exist in the registry|requested image not found|failed to fetch "|repository "[^"]*" not found'
+
+# Whether docker://$1 exists: 0 it does, 1 its registry says it does not, 2 the registry could
+# not be asked or its answer says neither (a 429, a 5xx, refused credentials, a timeout); then
+# REPLY holds its words. Only "does not exist" lets a copy run: anything else could be a tag
+# that exists, which a copy would move.
+exists() {
+  local output
+  if output=$(skopeo inspect --raw "${tls[@]}" "docker://$1" 2>&1 >/dev/null); then
+    return 0
+  fi
+  if grep -qiE "$absent_words" <<<"$output"; then
+    return 1
+  fi
+  REPLY=$(grep . <<<"$output" | tail -n 1 || true)
+  REPLY=${REPLY:-skopeo inspect failed with no output}
+  return 2
+}
+
 # With --signatures: the cosign signature of the image now at docker://$2, from $1's repository.
 copy_signature() {
-  local source=$1 destination=$2 raw hex tag from to output
+  local source=$1 destination=$2 raw hex tag from to output status
   [[ $destination != *.sig ]] || return 0
   raw=$(skopeo inspect --raw "${tls[@]}" "docker://$destination" 2>/dev/null) || return 0
   hex=$(printf '%s' "$raw" | sha256sum | cut -d' ' -f1)
@@ -1080,8 +1150,14 @@ copy_signature() {
     echo "no signature docker://$from to copy"
     return 0
   fi
-  if skopeo inspect --raw "${tls[@]}" "docker://$to" >/dev/null 2>&1; then
+  status=0
+  exists "$to" || status=$?
+  if ((status == 0)); then
     echo "skipped docker://$to: it exists already"
+    return 0
+  elif ((status == 2)); then
+    echo "failed docker://$from to docker://$to: could not tell whether docker://$to exists: $REPLY"
+    failed=$((failed + 1))
     return 0
   fi
   if output=$(skopeo copy --all --preserve-digests \
@@ -1102,10 +1178,16 @@ while read -r source destination; do
     echo "would copy docker://$source to docker://$destination"
     continue
   fi
-  if skopeo inspect --raw "${tls[@]}" "docker://$destination" >/dev/null 2>&1; then
+  status=0
+  exists "$destination" || status=$?
+  if ((status == 0)); then
     echo "skipped docker://$destination: it exists already"
     skipped=$((skipped + 1))
     if $signatures; then copy_signature "$source" "$destination"; fi
+    continue
+  elif ((status == 2)); then
+    echo "failed docker://$source to docker://$destination: could not tell whether docker://$destination exists: $REPLY"
+    failed=$((failed + 1))
     continue
   fi
   if $ecr && ! ecr_repository "$destination"; then

@@ -1454,3 +1454,54 @@ fn ecr_prepare_merges_one_login_per_host_and_the_sources_credentials() {
         Some(b.as_str())
     );
 }
+
+/// A mirror that cannot be asked whether the destination exists (it answers 429, then 500, to
+/// the manifest's check) is not read as lacking it: the tag exists there with other content,
+/// and a copy would move it. The copy fails, in the registry's words, and is tried again by
+/// the next run; the tag keeps its digest.
+#[test]
+fn a_destination_the_mirror_could_not_be_asked_about_is_not_copied_over() {
+    let cluster = Cluster::start("fill-unasked");
+    let (source, mirror) = (&cluster.source, &cluster.mirror);
+    Image::new("app 1 moved", "linux/amd64").push(source, "app", Some("1"));
+    let kept = Image::new("app 1 as mirrored", "linux/amd64").push(mirror, "hub/app", Some("1"));
+    let dir = tempdir("fill-unasked");
+    for (code, body) in [
+        (
+            429,
+            r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"slow down"}]}"#,
+        ),
+        (
+            500,
+            r#"{"errors":[{"code":"UNKNOWN","message":"internal error"}]}"#,
+        ),
+    ] {
+        let (front, stop) =
+            rig::front::relay("unasked mirror", &mirror.host, move |method, url| {
+                (["GET", "HEAD"].contains(&method) && url.starts_with("/v2/hub/app/manifests/"))
+                    .then(|| (code, body.to_string()))
+            })
+            .expect("relay");
+        let destination = format!("{front}/hub/app:1");
+        let copies = write_text(
+            &dir,
+            "copies.txt",
+            &format!("{}/app:1 {destination}", source.host),
+        );
+        let (status, printed) = fill_code(&[], &["--copies", &copies.to_string_lossy()]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(status, Some(1), "answered {code}: {printed}");
+        assert!(
+            printed.contains(&format!(
+                "failed docker://{}/app:1 to docker://{destination}: could not tell whether docker://{destination} exists: ",
+                source.host
+            )) && printed.ends_with("fill-mirror: 0 copied, 1 failed, 0 skipped, 0 gone, 0 refused\n"),
+            "answered {code}: {printed}"
+        );
+        assert_eq!(
+            mirror.digest_of("hub/app", "1").as_deref(),
+            Some(kept.as_str()),
+            "answered {code}, the mirror's tag moved: {printed}"
+        );
+    }
+}

@@ -26,7 +26,9 @@ const LIST: &str = "/api/v1/pods?labelSelector=image-swapper.kubewarden.io%2Funm
 /// `kubectl` where the API server would be: answers from the files in `$FAKE_KUBE` (list-N.json
 /// for the N-th list, watch-N.jsonl for the N-th watch, where `#sleep S` waits, `#wait FILE`
 /// waits for the test to write FILE, and `#fail TEXT` ends the stream with kubectl's error; a
-/// watch with no file stays open), records each request
+/// watch with no file stays open; with `patch-fails` holding N, the first N patches fail with
+/// the API server's 429, each stamped in `patch-failed`; `patch-sleep` holds how long each
+/// patch takes), records each request
 /// in `calls` and each patch in `patches` ("NAMESPACE/NAME PATCH"), and when it sent each event
 /// (`emitted`) and received each patch (`patched`), in epoch seconds.
 const FAKE_KUBECTL: &str = r#"#!/usr/bin/env bash
@@ -67,6 +69,12 @@ if [[ ${1:-} == get ]]; then
   exit 0
 fi
 if [[ ${1:-} == patch && $2 == pod && $3 == -n && $6 == --type=json && $7 == -p ]]; then
+  if [[ -f $dir/patch-fails ]] && (($(next patch) < $(<"$dir/patch-fails"))); then
+    echo "$EPOCHREALTIME" >>"$dir/patch-failed"
+    echo "Error from server (TooManyRequests): the server has received too many requests and has asked us to try again later" >&2
+    exit 1
+  fi
+  [[ ! -f $dir/patch-sleep ]] || sleep "$(<"$dir/patch-sleep")"
   echo "$EPOCHREALTIME" >>"$dir/patched"
   printf '%s/%s %s\n' "$4" "$5" "$8" >>"$dir/patches"
   echo "pod/$5 patched"
@@ -1122,5 +1130,207 @@ fn time_to_mirror() {
         &far.host.clone(),
         ", source 50 ms away",
         &[(1, 1, 5), (100, 1, 1), (20, 20, 1)],
+    );
+}
+
+/// On ECR, a repository the AWS CLI's step could not create at first (here its first
+/// `aws ecr create-repository` fails) is tried again: the copy into it fails, the `--prepared`
+/// copier sends it back to `queue/`, the ECR step creates the repository, and the copy is made.
+#[test]
+fn on_ecr_a_repository_that_could_not_be_created_is_tried_again() {
+    use rig::ecr::{EcrRegistry, Moto};
+    let cluster = Cluster::start("watch-ecr-again");
+    let storage = TestRegistry::start("watch-ecr-again-storage").expect("registry");
+    let moto = Moto::start().expect("moto");
+    let ecr = EcrRegistry::start(&storage, &moto).expect("ECR front");
+    let digest =
+        Image::new("api 4 for ecr", "linux/amd64").push(&cluster.source, "team/api", Some("4"));
+    cluster.write(
+        "policy.json",
+        &json!({"spec": {"settings": {"mirrors": [{"source": cluster.source.host, "target": format!("{}/cache", ecr.host)}]}}}),
+    );
+    let record = json!({"api": {"source": format!("{}/team/api:4", cluster.source.host),
+        "copy": format!("skopeo copy --all --preserve-digests docker://{0}/team/api:4 docker://{1}/cache/team/api:4", cluster.source.host, ecr.host)}});
+    cluster.list(
+        0,
+        100,
+        &[json!({
+            "metadata": {"name": "api-0", "namespace": "default", "resourceVersion": "90",
+                "labels": {LABEL: "true"}, "annotations": {RECORD: record.to_string()}},
+            "spec": {"containers": [{"name": "api", "image": format!("{}/team/api:4", cluster.source.host)}]},
+        })],
+    );
+    let auth = cluster.dir.join("spool/auth.json").display().to_string();
+    let watcher = cluster.watcher();
+    let tools = aws_cli_image(&cluster.dir);
+    // The first repository creation fails, as a throttled or refused API call would.
+    let aws = std::fs::read_link(tools.join("aws")).expect("aws");
+    std::fs::remove_file(tools.join("aws")).expect("aws");
+    executable(
+        &tools.join("aws"),
+        &format!(
+            "#!/usr/bin/env bash\nif [[ $* == *create-repository* && ! -e {0}/created-once ]]; then\n  : >{0}/created-once\n  echo 'An error occurred (ThrottlingException) when calling the CreateRepository operation: Rate exceeded' >&2\n  exit 254\nfi\nexec {1} \"$@\"\n",
+            cluster.dir.display(),
+            aws.display()
+        ),
+    );
+    let mut env = moto.environment();
+    env.push(("REGISTRY_AUTH_FILE", auth.clone()));
+    let prepare = cluster.run_with(
+        "ecr",
+        &["--ecr-prepare"],
+        &tools.display().to_string(),
+        &env,
+    );
+    let copier = cluster.run_with(
+        "copier",
+        &["--copier", "--prepared", "--insecure", "--retry", "1"],
+        &cluster.path(),
+        &[("REGISTRY_AUTH_FILE", auth)],
+    );
+    let log = || format!("{}\n{}\n{}", watcher.log(), prepare.log(), copier.log());
+    wait_until("the Pod marked", 40, || !cluster.patches().is_empty(), log);
+    assert_eq!(
+        storage.digest_of("cache/team/api", "4").as_deref(),
+        Some(digest.as_str()),
+        "{}",
+        log()
+    );
+    assert!(
+        prepare.log().contains("Rate exceeded")
+            && prepare
+                .log()
+                .contains("created ECR repository cache/team/api")
+            && copier.log().contains("again in 1s"),
+        "{}",
+        log()
+    );
+}
+
+/// A marking patch that the API server refuses with 429 is sent again after 5 s, without a new
+/// event for the Pod: the Pod stays pending until its patch goes through.
+#[test]
+fn a_marking_patch_that_fails_is_sent_again_after_a_delay() {
+    let mut cluster = Cluster::start("watch-patch-again");
+    Image::new("retried 1", "linux/amd64").push(&cluster.source, "retried", Some("1"));
+    let pod = cluster.pod("retried", &[("web", "retried:1")]);
+    cluster.list(0, 100, &[pod]);
+    std::fs::write(cluster.dir.join("patch-fails"), "1").expect("write");
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("the Pod marked", 30, || !cluster.patches().is_empty(), log);
+    let failed = stamps(&cluster, "patch-failed");
+    let patched = stamps(&cluster, "patched");
+    assert_eq!((failed.len(), patched.len()), (1, 1), "{}", log());
+    assert!(
+        // 5 s on the watcher's whole-second clock: 4 s at least.
+        patched[0] - failed[0] >= 3.9,
+        "sent again {:.1} s after the 429\n{}",
+        patched[0] - failed[0],
+        log()
+    );
+    assert!(
+        watcher
+            .log()
+            .contains("fill-mirror: could not mark default/retried, again in 5s: Error from server (TooManyRequests)"),
+        "{}",
+        log()
+    );
+}
+
+/// How old the file `name` of the spool is, in seconds (0 when it is missing).
+fn age(cluster: &Cluster, name: &str) -> f64 {
+    std::fs::metadata(cluster.dir.join("spool").join(name))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Four Pods marked in one batch whose patches take 1.2 s each: the watcher's alive file (its
+/// liveness probe's) is touched at every patch, so it is never older than about one patch,
+/// however long the batch.
+#[test]
+fn a_long_marking_batch_keeps_the_watcher_alive() {
+    let mut cluster = Cluster::start("watch-alive");
+    Image::new("alive 1", "linux/amd64").push(&cluster.source, "alive", Some("1"));
+    let pods: Vec<Value> = (0..4)
+        .map(|n| cluster.pod(&format!("alive-{n}"), &[("web", "alive:1")]))
+        .collect();
+    cluster.list(0, 100, &pods);
+    std::fs::write(cluster.dir.join("patch-sleep"), "1.2").expect("write");
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until(
+        "the image in the mirror",
+        30,
+        || cluster.in_mirror("alive", "1").is_some(),
+        log,
+    );
+    let mut oldest: f64 = 0.0;
+    wait_until(
+        "four Pods marked",
+        30,
+        || {
+            oldest = oldest.max(age(&cluster, "watch/alive"));
+            cluster.patches().len() == 4
+        },
+        log,
+    );
+    assert!(
+        oldest < 2.5,
+        "the alive file was {oldest:.1} s old during the marks\n{}",
+        log()
+    );
+}
+
+/// A Pod recorded after its copy was made: the spool's `done/` says the mirror held the image
+/// two minutes ago, but the Pod, created now, was recorded because the mirror lacked it (a
+/// lifecycle rule pruned it since). The copy is made again, and the Pod marked only once the
+/// mirror holds the image anew.
+#[test]
+fn a_pod_recorded_after_its_copy_was_made_has_it_made_again() {
+    let mut cluster = Cluster::start("watch-lost");
+    Image::new("lost 1", "linux/amd64").push(&cluster.source, "lost", Some("1"));
+    let mut pod = cluster.pod("lost", &[("web", "lost:1")]);
+    let now = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .expect("date");
+    pod["metadata"]["creationTimestamp"] = json!(String::from_utf8_lossy(&now.stdout).trim());
+    let line = format!(
+        "{}/lost:1 {}/hub/lost:1",
+        cluster.source.host, cluster.mirror.host
+    );
+    let key = rig::registry::sha256(line.as_bytes());
+    let done = cluster.dir.join("spool/done");
+    std::fs::create_dir_all(&done).expect("spool");
+    let made = done.join(key.trim_start_matches("sha256:"));
+    std::fs::write(&made, format!("{line}\n")).expect("write");
+    let touched = Command::new("touch")
+        .args(["-d", "2 minutes ago"])
+        .arg(&made)
+        .status()
+        .expect("touch");
+    assert!(touched.success());
+    cluster.list(0, 100, &[pod]);
+    let watcher = cluster.watcher();
+    let copier = cluster.copier(&[]);
+    let log = || format!("{}\n{}", watcher.log(), copier.log());
+    wait_until("the Pod marked", 30, || !cluster.patches().is_empty(), log);
+    assert!(
+        cluster.in_mirror("lost", "1").is_some(),
+        "marked while the mirror lacks the image\n{}",
+        log()
+    );
+    assert!(
+        watcher.log().contains(&format!(
+            "fill-mirror: default/lost was recorded after docker://{}/hub/lost:1 was made: the mirror lost it since, copying it again",
+            cluster.mirror.host
+        )),
+        "{}",
+        log()
     );
 }

@@ -289,7 +289,7 @@ impl Front {
 /// with `--tls-verify=false` tries HTTPS first; a Go server on a plain port answers the
 /// handshake with an error at once, while tiny_http would wait for a request line, and the
 /// client for its 10-second TLS handshake timeout.
-fn plain_http_gate(
+pub fn plain_http_gate(
     listener: TcpListener,
     inner: &str,
     stop: Arc<AtomicBool>,

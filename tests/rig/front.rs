@@ -30,3 +30,88 @@ pub fn serve(
     });
     Ok((host, stop))
 }
+
+/// A registry relay on loopback in front of `upstream` (`127.0.0.1:PORT`, plain HTTP) that
+/// answers a request itself when `refuse(method, url)` gives a status and a body, and relays
+/// every other. Its `127.0.0.1:PORT` (a TLS handshake closed at once, as skopeo
+/// `--tls-verify=false` wants) and the flag that stops it.
+pub fn relay(
+    name: &str,
+    upstream: &str,
+    refuse: impl Fn(&str, &str) -> Option<(u16, String)> + Send + 'static,
+) -> anyhow::Result<(String, Arc<AtomicBool>)> {
+    let gate = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let host = gate.local_addr()?.to_string();
+    let agent = ureq::AgentBuilder::new()
+        .redirects(0)
+        .timeout(Duration::from_secs(30))
+        .build();
+    let (upstream, outer) = (upstream.to_string(), host.clone());
+    let (inner, stop) = serve(name, move |mut request| {
+        let method = request.method().as_str().to_string();
+        let url = request.url().to_string();
+        if let Some((code, body)) = refuse(&method, &url) {
+            let length = body.len();
+            // Retry-After 0: skopeo's own retries of a 429 give up at once.
+            let headers = [("Content-Type", "application/json"), ("Retry-After", "0")]
+                .iter()
+                .filter_map(|(name, value)| tiny_http::Header::from_bytes(*name, *value).ok())
+                .collect();
+            let _ = request.respond(tiny_http::Response::new(
+                code.into(),
+                headers,
+                std::io::Cursor::new(body.into_bytes()),
+                Some(length),
+                None,
+            ));
+            return;
+        }
+        let mut forwarded = agent.request(&method, &format!("http://{upstream}{url}"));
+        for header in request.headers() {
+            let field = header.field.as_str().as_str();
+            if ["content-type", "content-range", "accept", "authorization"]
+                .contains(&field.to_ascii_lowercase().as_str())
+            {
+                forwarded = forwarded.set(field, header.value.as_str());
+            }
+        }
+        let mut body = Vec::new();
+        let _ = std::io::Read::read_to_end(request.as_reader(), &mut body);
+        let reply = match forwarded.send_bytes(&body) {
+            Ok(reply) | Err(ureq::Error::Status(_, reply)) => reply,
+            Err(_) => {
+                let _ = request.respond(tiny_http::Response::empty(502));
+                return;
+            }
+        };
+        let code = reply.status();
+        let length: usize = reply
+            .header("Content-Length")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
+        let headers: Vec<tiny_http::Header> = reply
+            .headers_names()
+            .into_iter()
+            .filter(|name| {
+                !["content-length", "transfer-encoding", "connection", "date"]
+                    .contains(&name.to_ascii_lowercase().as_str())
+            })
+            .filter_map(|name| {
+                let value = reply.header(&name)?.replace(&upstream, &outer);
+                tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
+            })
+            .collect();
+        let mut data = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut reply.into_reader(), &mut data);
+        let length = if method == "HEAD" { length } else { data.len() };
+        let _ = request.respond(tiny_http::Response::new(
+            code.into(),
+            headers,
+            std::io::Cursor::new(data),
+            Some(length),
+            None,
+        ));
+    })?;
+    super::ecr::plain_http_gate(gate, &inner, stop.clone())?;
+    Ok((host, stop))
+}
