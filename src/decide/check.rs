@@ -531,4 +531,55 @@ mod tests {
         assert_eq!(full.check(&policy, &mut registry), Presence::Present);
         assert_eq!(registry.asked, [eu]);
     }
+
+    /// A re-verification at the source answers the digest it verified: one other than the
+    /// digest the mirror image pins cannot say that digest still verifies.
+    #[test]
+    fn a_source_verification_of_another_digest_checks_nothing() {
+        let policy = policy_from(SETTINGS);
+        let mirror = mirror_image(
+            &format!("m.io/hub/library/nginx:1.27@{DIGEST_A}"),
+            &policy.router,
+        )
+        .expect("a mirror image");
+        let source = format!("docker.io/library/nginx@{DIGEST_A}");
+        let keys = [String::from("key")];
+        let verifications = [Verification::PubKeys {
+            keys: &keys,
+            annotations: None,
+        }];
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(source.clone(), Ok(DIGEST_B.to_string()));
+        assert_eq!(
+            check_at_source(&source, &mirror, &verifications, &mut registry),
+            Presence::NotChecked(format!(
+                "its source's verification answered digest {DIGEST_B} for \"{source}\""
+            ))
+        );
+        registry
+            .verifications
+            .insert(source.clone(), Ok(DIGEST_A.to_string()));
+        assert_eq!(
+            check_at_source(&source, &mirror, &verifications, &mut registry),
+            Presence::Present
+        );
+    }
+
+    /// A source image with one target says why it could not be checked in the registry's
+    /// words alone; with several, each reason names the target it came from.
+    #[test]
+    fn a_lone_targets_reason_is_not_prefixed_with_its_name() {
+        let policy = policy_from(SETTINGS);
+        let lone = source_image("nginx:1.27", &policy).expect("routed");
+        let mut registry = FakeRegistry::default().with(
+            "m.io/hub/library/nginx:1.27",
+            Err(LookupError::Failed("connection refused".to_string())),
+        );
+        assert_eq!(
+            check_source(&lone, &[], &mut registry),
+            Presence::NotChecked("connection refused".to_string())
+        );
+    }
 }
