@@ -582,4 +582,36 @@ mod tests {
             Presence::NotChecked("connection refused".to_string())
         );
     }
+
+    /// A pinned source image's copy is asked at that digest: a verification there that names
+    /// another digest is no proof the copy is the one the Pod pins.
+    #[test]
+    fn a_verified_copy_of_another_digest_than_the_pinned_one_checks_nothing() {
+        let policy = policy_from(SETTINGS);
+        let image = source_image(&format!("nginx:1.27@{DIGEST_A}"), &policy).expect("routed");
+        let target = image.targets.first().expect("a target").clone();
+        let keys = [String::from("key")];
+        let verifications = [Verification::PubKeys {
+            keys: &keys,
+            annotations: None,
+        }];
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(target.lookup.clone(), Ok(DIGEST_B.to_string()));
+        assert_eq!(
+            check_verified(0, &target, &verifications, &mut registry),
+            Presence::NotChecked(format!(
+                "the mirror answered digest {DIGEST_B} for \"{}\"",
+                target.lookup
+            ))
+        );
+        registry
+            .verifications
+            .insert(target.lookup.clone(), Ok(DIGEST_A.to_string()));
+        assert_eq!(
+            check_verified(0, &target, &verifications, &mut registry),
+            Presence::Present
+        );
+    }
 }
