@@ -614,4 +614,48 @@ mod tests {
             Presence::Present
         );
     }
+
+    /// A copy that did not verify by tag is asked its digest only while the budget allows: a
+    /// verification that spent it leaves the digest unknown without a refused lookup.
+    #[test]
+    fn an_unverified_copys_digest_is_not_asked_past_the_budget() {
+        use crate::budget::{Budgeted, tests::FakeClock};
+        use std::time::Duration;
+        struct SlowToRefuse(FakeClock);
+        impl Registry for SlowToRefuse {
+            fn verify(&mut self, _: &str, _: &Verification<'_>) -> Result<String, LookupError> {
+                self.0.advance(Duration::from_millis(900));
+                Err(LookupError::Unverified("no signature".to_string()))
+            }
+            fn manifest_digest(&mut self, _: &str) -> Result<String, LookupError> {
+                Ok(DIGEST_A.to_string())
+            }
+            fn manifest(&mut self, _: &str) -> Result<crate::registry::Manifest, LookupError> {
+                Err(LookupError::Failed("not asked".to_string()))
+            }
+        }
+        let policy = policy_from(SETTINGS);
+        let image = source_image("nginx:1.27", &policy).expect("routed");
+        let target = image.targets.first().expect("a target").clone();
+        let keys = [String::from("key")];
+        let verifications = [Verification::PubKeys {
+            keys: &keys,
+            annotations: None,
+        }];
+        let clock = FakeClock::default();
+        let mut inner = SlowToRefuse(clock.clone());
+        let mut budgeted = Budgeted::new(&mut inner, &clock, Duration::from_millis(800));
+        let presence = check_verified(0, &target, &verifications, &mut budgeted);
+        assert_eq!(
+            (presence, budgeted.report().refused),
+            (
+                Presence::Unverified {
+                    target: 0,
+                    answer: "not signed with its public key: no signature".to_string(),
+                    digest: None
+                },
+                0
+            )
+        );
+    }
 }
