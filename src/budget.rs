@@ -427,7 +427,38 @@ pub mod tests {
             }
         }
         assert_eq!(budgeted.report().lookups, calls);
+        assert_eq!(budgeted.report().refused, usize::from(refusal.is_some()));
         assert_eq!(refused, refusal);
+    }
+
+    /// A budget already spent refuses a verification even when nothing predicts its length (no
+    /// lookup yet): it would start at the limit, and end past it.
+    #[test]
+    fn a_verification_at_the_limit_is_refused_before_any_lookup() {
+        let clock = FakeClock::default();
+        let mut registry = Verifying {
+            clock: clock.clone(),
+            lookup_ms: 100,
+            verify_ms: 100,
+        };
+        let mut budgeted = Budgeted::new(&mut registry, &clock, Duration::from_millis(800));
+        clock.advance(Duration::from_millis(800));
+        let verification = Verification::PubKeys {
+            keys: &KEYS,
+            annotations: None,
+        };
+        assert_eq!(
+            budgeted.verify("m.io/a:1", &verification),
+            Err(LookupError::OverBudget(Refusal {
+                registry: "m.io".into(),
+                needed_ms: 0,
+                left_ms: 0
+            }))
+        );
+        assert_eq!(
+            (budgeted.report().lookups, budgeted.report().refused),
+            (0, 1)
+        );
     }
 
     /// Runs `tries` lookups under a budget of `limit_ms` and says how many were made.

@@ -531,4 +531,131 @@ mod tests {
         assert_eq!(full.check(&policy, &mut registry), Presence::Present);
         assert_eq!(registry.asked, [eu]);
     }
+
+    /// A re-verification at the source answers the digest it verified: one other than the
+    /// digest the mirror image pins cannot say that digest still verifies.
+    #[test]
+    fn a_source_verification_of_another_digest_checks_nothing() {
+        let policy = policy_from(SETTINGS);
+        let mirror = mirror_image(
+            &format!("m.io/hub/library/nginx:1.27@{DIGEST_A}"),
+            &policy.router,
+        )
+        .expect("a mirror image");
+        let source = format!("docker.io/library/nginx@{DIGEST_A}");
+        let keys = [String::from("key")];
+        let verifications = [Verification::PubKeys {
+            keys: &keys,
+            annotations: None,
+        }];
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(source.clone(), Ok(DIGEST_B.to_string()));
+        assert_eq!(
+            check_at_source(&source, &mirror, &verifications, &mut registry),
+            Presence::NotChecked(format!(
+                "its source's verification answered digest {DIGEST_B} for \"{source}\""
+            ))
+        );
+        registry
+            .verifications
+            .insert(source.clone(), Ok(DIGEST_A.to_string()));
+        assert_eq!(
+            check_at_source(&source, &mirror, &verifications, &mut registry),
+            Presence::Present
+        );
+    }
+
+    /// A source image with one target says why it could not be checked in the registry's
+    /// words alone; with several, each reason names the target it came from.
+    #[test]
+    fn a_lone_targets_reason_is_not_prefixed_with_its_name() {
+        let policy = policy_from(SETTINGS);
+        let lone = source_image("nginx:1.27", &policy).expect("routed");
+        let mut registry = FakeRegistry::default().with(
+            "m.io/hub/library/nginx:1.27",
+            Err(LookupError::Failed("connection refused".to_string())),
+        );
+        assert_eq!(
+            check_source(&lone, &[], &mut registry),
+            Presence::NotChecked("connection refused".to_string())
+        );
+    }
+
+    /// A pinned source image's copy is asked at that digest: a verification there that names
+    /// another digest is no proof the copy is the one the Pod pins.
+    #[test]
+    fn a_verified_copy_of_another_digest_than_the_pinned_one_checks_nothing() {
+        let policy = policy_from(SETTINGS);
+        let image = source_image(&format!("nginx:1.27@{DIGEST_A}"), &policy).expect("routed");
+        let target = image.targets.first().expect("a target").clone();
+        let keys = [String::from("key")];
+        let verifications = [Verification::PubKeys {
+            keys: &keys,
+            annotations: None,
+        }];
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(target.lookup.clone(), Ok(DIGEST_B.to_string()));
+        assert_eq!(
+            check_verified(0, &target, &verifications, &mut registry),
+            Presence::NotChecked(format!(
+                "the mirror answered digest {DIGEST_B} for \"{}\"",
+                target.lookup
+            ))
+        );
+        registry
+            .verifications
+            .insert(target.lookup.clone(), Ok(DIGEST_A.to_string()));
+        assert_eq!(
+            check_verified(0, &target, &verifications, &mut registry),
+            Presence::Present
+        );
+    }
+
+    /// A copy that did not verify by tag is asked its digest only while the budget allows: a
+    /// verification that spent it leaves the digest unknown without a refused lookup.
+    #[test]
+    fn an_unverified_copys_digest_is_not_asked_past_the_budget() {
+        use crate::budget::{Budgeted, tests::FakeClock};
+        use std::time::Duration;
+        struct SlowToRefuse(FakeClock);
+        impl Registry for SlowToRefuse {
+            fn verify(&mut self, _: &str, _: &Verification<'_>) -> Result<String, LookupError> {
+                self.0.advance(Duration::from_millis(900));
+                Err(LookupError::Unverified("no signature".to_string()))
+            }
+            fn manifest_digest(&mut self, _: &str) -> Result<String, LookupError> {
+                Ok(DIGEST_A.to_string())
+            }
+            fn manifest(&mut self, _: &str) -> Result<crate::registry::Manifest, LookupError> {
+                Err(LookupError::Failed("not asked".to_string()))
+            }
+        }
+        let policy = policy_from(SETTINGS);
+        let image = source_image("nginx:1.27", &policy).expect("routed");
+        let target = image.targets.first().expect("a target").clone();
+        let keys = [String::from("key")];
+        let verifications = [Verification::PubKeys {
+            keys: &keys,
+            annotations: None,
+        }];
+        let clock = FakeClock::default();
+        let mut inner = SlowToRefuse(clock.clone());
+        let mut budgeted = Budgeted::new(&mut inner, &clock, Duration::from_millis(800));
+        let presence = check_verified(0, &target, &verifications, &mut budgeted);
+        assert_eq!(
+            (presence, budgeted.report().refused),
+            (
+                Presence::Unverified {
+                    target: 0,
+                    answer: "not signed with its public key: no signature".to_string(),
+                    digest: None
+                },
+                0
+            )
+        );
+    }
 }

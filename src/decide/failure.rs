@@ -210,3 +210,64 @@ pub(super) fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Fail
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::policy_from;
+    use super::*;
+
+    fn note(decision: Decision) -> Note {
+        match decision {
+            Decision::Keep(note) | Decision::Reject(note) => note,
+            _ => panic!("a fallback keeps or refuses"),
+        }
+    }
+
+    fn refusal() -> Refusal {
+        Refusal {
+            registry: "m.io".into(),
+            needed_ms: 300,
+            left_ms: 100,
+        }
+    }
+
+    /// The note's reason is the worst mirror's: a stale copy over an absent one, an absent one
+    /// over a mirror the Pod cannot pull from, in any order.
+    #[rstest::rstest]
+    #[case::stale_then_absent(vec![Failure::Stale("stale".into()), Failure::Missing("absent".into())], Reason::Stale)]
+    #[case::absent_then_stale(vec![Failure::Missing("absent".into()), Failure::Stale("stale".into())], Reason::Stale)]
+    #[case::absent_then_no_secret(vec![Failure::Missing("absent".into()), Failure::NoPullSecret("no secret".into())], Reason::Absent)]
+    #[case::no_secret_then_absent(vec![Failure::NoPullSecret("no secret".into()), Failure::Missing("absent".into())], Reason::Absent)]
+    fn the_worst_mirror_names_the_reason(#[case] failures: Vec<Failure>, #[case] expected: Reason) {
+        let policy = policy_from(r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}]}"#);
+        let failures = failures
+            .into_iter()
+            .enumerate()
+            .map(|(i, failure)| (format!("m{i}.io/hub/library/nginx:1.27"), failure))
+            .collect();
+        assert_eq!(
+            note(fallback(&policy, "nginx:1.27", failures)).reason,
+            expected
+        );
+    }
+
+    /// A comparison the budget cut short passes on the digests it had learned, for the budget's
+    /// message.
+    #[test]
+    fn a_comparison_cut_short_passes_on_what_it_learned() {
+        let policy = policy_from(r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}]}"#);
+        let failures = vec![(
+            "m.io/hub/library/nginx:1.27".to_string(),
+            Failure::Budget {
+                not_done: "not compared",
+                digests: Some("sha256:a and sha256:b".into()),
+                refusal: refusal(),
+            },
+        )];
+        let note = note(fallback(&policy, "nginx:1.27", failures));
+        assert_eq!(
+            (note.learned.as_deref(), note.refusal),
+            (Some("sha256:a and sha256:b"), Some(refusal()))
+        );
+    }
+}

@@ -810,4 +810,62 @@ pub mod tests {
         assert!(matches!(decision, Decision::Swap { .. }), "{decision:?}");
         assert_eq!(registry.asked, vec!["eu.m.io/hub/library/busybox:1"]);
     }
+
+    /// Each rule's verification of one mirror image names the digest it verified: all must
+    /// name one, or the host's answers cannot be trusted and nothing is swapped to either.
+    #[rstest]
+    #[case::one_digest(&[DIGEST_A, DIGEST_A], Ok(DIGEST_A.to_string()))]
+    #[case::two_digests(&[DIGEST_A, DIGEST_B], Err(LookupError::Failed(format!(
+        "its verifications answered two digests, {DIGEST_A} and {DIGEST_B}"))))]
+    fn the_verifications_of_one_image_must_name_one_digest(
+        #[case] answers: &[&'static str],
+        #[case] expected: Result<String, LookupError>,
+    ) {
+        struct InTurn(Vec<&'static str>);
+        impl Registry for InTurn {
+            fn verify(&mut self, _: &str, _: &Verification<'_>) -> Result<String, LookupError> {
+                Ok(self.0.remove(0).to_string())
+            }
+            fn manifest_digest(&mut self, _: &str) -> Result<String, LookupError> {
+                Err(LookupError::Failed("not asked".to_string()))
+            }
+            fn manifest(&mut self, _: &str) -> Result<Manifest, LookupError> {
+                Err(LookupError::Failed("not asked".to_string()))
+            }
+        }
+        let keys = [String::from("key")];
+        let verifications = [
+            Verification::PubKeys {
+                keys: &keys,
+                annotations: None,
+            },
+            Verification::PubKeys {
+                keys: &keys,
+                annotations: None,
+            },
+        ];
+        let mut registry = InTurn(answers.to_vec());
+        assert_eq!(
+            mirror_digest(&mut registry, "m.io/hub/library/nginx:1.27", &verifications),
+            expected
+        );
+    }
+
+    /// The registries a decision asks first: the mirror's, and the source's only for a tag
+    /// under `verifySource` (a digest is compared at the mirror alone).
+    #[rstest]
+    #[case::tag(false, "nginx:1.27", &["m.io"])]
+    #[case::digest(false, &format!("nginx@{DIGEST_A}"), &["m.io"])]
+    #[case::tag_verified_at_the_source(true, "nginx:1.27", &["m.io", "docker.io"])]
+    #[case::digest_verified_at_the_source(true, &format!("nginx@{DIGEST_A}"), &["m.io"])]
+    fn the_first_hosts_are_the_mirrors_and_a_tags_source_under_verify_source(
+        #[case] verify_source: bool,
+        #[case] image: &str,
+        #[case] expected: &[&str],
+    ) {
+        let policy = policy_from(&format!(
+            r#"{{"verifySource":{verify_source},"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}]}}"#
+        ));
+        assert_eq!(route(image, &policy).first_hosts(&policy), expected);
+    }
 }

@@ -623,4 +623,29 @@ mod tests {
         );
         assert!(registry.asked.is_empty());
     }
+
+    /// A copy that did not verify by tag is asked once more for its digest (the signature tag
+    /// it must bring); one asked by digest already names it, and is not asked again.
+    #[rstest]
+    #[case::by_tag(EU, &[EU], Some(DIGEST_A))]
+    #[case::by_digest("eu.m.io/hub/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", &[], None)]
+    fn an_unverified_copy_by_tag_is_asked_its_digest_once(
+        #[case] lookup: &str,
+        #[case] asked: &[&str],
+        #[case] learned: Option<&str>,
+    ) {
+        use super::super::failure::Failure;
+        let mut registry = FakeRegistry::default().with(EU, Ok(DIGEST_A));
+        let mut failures = vec![(
+            lookup.to_string(),
+            Failure::unverified("unsigned".into(), None),
+        )];
+        super::learn_unverified_digest(&mut failures, &mut registry);
+        assert_eq!(registry.asked, asked);
+        let digest = match &failures[0].1 {
+            Failure::Unverified(_, digest) => digest.clone(),
+            _ => None,
+        };
+        assert_eq!(digest.as_deref(), learned);
+    }
 }

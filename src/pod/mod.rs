@@ -72,6 +72,18 @@ fn is_audit_scan(request: &KubernetesAdmissionRequest) -> bool {
             == Some(request.uid.as_str())
 }
 
+/// Why a request from `fillJobUsernames` that sets images is refused, naming each container.
+fn fill_job_may_not_set_images(username: &str, candidates: &[Candidate<'_>]) -> String {
+    let containers: Vec<String> = candidates
+        .iter()
+        .map(|c| format!("{}[{}] {:?}: {:?}", c.list, c.index, c.name, c.image))
+        .collect();
+    format!(
+        "{username:?} is in fillJobUsernames, which may only drop entries of the record of unmirrored images; this request sets the image of {}",
+        capped(containers, "containers").join(", ")
+    )
+}
+
 /// The containers an admission decides on: on update, only those whose image changed.
 fn changed_containers(
     request: &KubernetesAdmissionRequest,
@@ -247,6 +259,18 @@ pub fn admit(
             };
         }
         return Outcome::unchanged();
+    }
+    // The fill job's identity may drop entries of the record and do nothing else: its token
+    // sits in the fill job's Pods, and an image it wrote would run with the Pod's own rights.
+    if Requester::of(&request.user_info.username, policy) == Requester::FillJob {
+        return Outcome {
+            verdict: Verdict::Reject(fill_job_may_not_set_images(
+                &request.user_info.username,
+                &candidates,
+            )),
+            warnings: Vec::new(),
+            audit: BTreeMap::new(),
+        };
     }
     // The live Pod's record: what this policy swapped, and from what.
     let recorded = match operation {
@@ -560,6 +584,39 @@ mod tests {
             "quay.io/x/unchanged:1"
         );
         assert_eq!(registry.asked, [NGINX]);
+    }
+
+    /// The fill job's identity may drop record entries and nothing else: an update from it that
+    /// sets an image is refused, naming the container, before any lookup; the same update from
+    /// anyone else is decided as usual.
+    #[test]
+    fn the_fill_jobs_identity_may_not_set_an_image() {
+        const FILL_JOB: &str = "system:serviceaccount:kubewarden:fill-mirror";
+        let policy = policy_from(&SETTINGS.replace(
+            r#"{"mirrors":"#,
+            &format!(r#"{{"fillJobUsernames":["{FILL_JOB}"],"mirrors":"#),
+        ));
+        let old = pod(json!({"containers": [{"name": "web", "image": "nginx:1.26"}]}));
+        let mut new = old.clone();
+        new["spec"]["containers"][0]["image"] = json!("evil.example.com/x:1");
+        let update = |username: &str| {
+            let mut request = request("UPDATE", "", new.clone(), old.clone());
+            request.user_info.username = username.to_string();
+            request
+        };
+        let mut registry = registry();
+        assert_eq!(
+            rejection(admit(update(FILL_JOB), &policy, &mut registry)),
+            format!(
+                "\"{FILL_JOB}\" is in fillJobUsernames, which may only drop entries of the record of unmirrored images; this request sets the image of containers[0] \"web\": \"evil.example.com/x:1\""
+            )
+        );
+        assert!(registry.asked.is_empty());
+        let outcome = admit(update("kubernetes-admin"), &policy, &mut registry);
+        assert!(
+            !matches!(outcome.verdict, Verdict::Reject(_)),
+            "{outcome:?}"
+        );
     }
 
     #[test]

@@ -124,10 +124,12 @@ pub(super) fn record_unmirrored(
         }
     }
     let text = (!entries.is_empty()).then(|| Value::Object(entries).to_string());
+    // Only "true" marks the Pod (the alert and the fill job select on it): a label set to any
+    // other value is put back.
     let has_label = object
         .pointer("/metadata/labels")
         .and_then(|labels| labels.get(UNMIRRORED_LABEL))
-        .is_some();
+        .is_some_and(|value| value == "true");
     if text.as_deref() == annotation(object, UNMIRRORED_ANNOTATION) && has_label == text.is_some() {
         return false;
     }
@@ -360,6 +362,32 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(names, expected, "{object}");
         assert_eq!(label(&object), expected_label.map(|l| json!(l)).as_ref());
+    }
+
+    /// A label relabelled to another value ("false") while the record stays is put back, or
+    /// the alert and the fill job, which select on "true", would lose the Pod.
+    #[test]
+    fn a_label_set_to_another_value_is_put_back() {
+        let policy = policy_from(SETTINGS);
+        let images = [("web", "nginx:1.27")];
+        let mut previous = pod(&images, json!({}));
+        record_unmirrored(
+            &mut previous,
+            None,
+            Requester::Other,
+            &kept(&["nginx:1.27"]),
+            &policy,
+        );
+        let mut object = previous.clone();
+        object["metadata"]["labels"][UNMIRRORED_LABEL] = json!("false");
+        assert!(record_unmirrored(
+            &mut object,
+            Some(&previous),
+            Requester::Other,
+            &kept(&[]),
+            &policy
+        ));
+        assert_eq!(label(&object), Some(&json!("true")), "{object}");
     }
 
     /// The fill job can only drop: an entry its update adds, or one it rewrites to another
