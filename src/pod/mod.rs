@@ -235,6 +235,7 @@ pub fn admit(
     if annotation(&request.object, STATIC_POD_MIRROR_ANNOTATION).is_some() {
         return Outcome::unchanged();
     }
+    let requester = Requester::of(&request.user_info.username, policy);
     let candidates = changed_containers(&request, operation);
     if candidates.is_empty() {
         // Nothing to decide, but the record of unmirrored images stays the policy's own: one
@@ -242,7 +243,6 @@ pub fn admit(
         // removed by hand comes back; only the fill job drops the entries it filled.
         let previous = std::mem::take(&mut request.old_object);
         let mut object = std::mem::take(&mut request.object);
-        let requester = Requester::of(&request.user_info.username, policy);
         if operation.may_change_metadata()
             && record_unmirrored(
                 &mut object,
@@ -262,7 +262,7 @@ pub fn admit(
     }
     // The fill job's identity may drop entries of the record and do nothing else: its token
     // sits in the fill job's Pods, and an image it wrote would run with the Pod's own rights.
-    if Requester::of(&request.user_info.username, policy) == Requester::FillJob {
+    if requester == Requester::FillJob {
         return Outcome {
             verdict: Verdict::Reject(fill_job_may_not_set_images(
                 &request.user_info.username,
@@ -335,7 +335,6 @@ pub fn admit(
     }
     if operation.may_change_metadata() {
         changed |= record_original_images(&mut object, &verdicts.swaps, &policy.router);
-        let requester = Requester::of(&request.user_info.username, policy);
         changed |= record_unmirrored(
             &mut object,
             previous.as_ref(),
