@@ -12,6 +12,7 @@ pub mod kubernetes;
 pub mod proxy;
 pub mod pull_through;
 pub mod registry;
+pub mod tools;
 pub mod wapc;
 
 use std::path::{Path, PathBuf};
