@@ -6,11 +6,15 @@ bats_require_minimum_version 1.5.0
 
 KWCTL=${KWCTL:-kwctl}
 POLICY=${POLICY:-annotated-policy.wasm}
+# Real kwctl with Sigstore's trusted root from a file (make e2e-tests passes the real tools'),
+# so that no run tries to fetch it.
+TRUST=()
+[[ -n ${SIGSTORE_TRUST_CONFIG:-} ]] && TRUST=(--sigstore-trust-config "$SIGSTORE_TRUST_CONFIG")
 
 check_case() {
   local dir="e2e/cases/$1"
   local expect="$dir/expect.json"
-  run --separate-stderr "$KWCTL" run \
+  run --separate-stderr "$KWCTL" run "${TRUST[@]}" \
     --request-path "$dir/request.json" \
     --settings-path "$dir/settings.yml" \
     --replay-host-capabilities-interactions "$dir/session.yml" \
