@@ -22,11 +22,12 @@ fn metadata_declares_a_mutating_wapc_policy_for_pods() {
     assert_eq!(metadata["mutating"], json!(true));
     assert_eq!(metadata["executionMode"], json!("kubewarden-wapc"));
     // The verifier policies `verifiers` reads, and nothing else.
+    // In the order `kwctl scaffold artifacthub` lists them, so artifacthub-pkg.yml is its output.
     let kinds = [
-        "ClusterAdmissionPolicy",
-        "ClusterAdmissionPolicyGroup",
         "AdmissionPolicy",
         "AdmissionPolicyGroup",
+        "ClusterAdmissionPolicy",
+        "ClusterAdmissionPolicyGroup",
     ]
     .map(|kind| json!({"apiVersion": "policies.kubewarden.io/v1", "kind": kind}));
     assert_eq!(metadata["contextAwareResources"], json!(kinds));
@@ -306,7 +307,8 @@ fn the_author_is_what_kwctl_scaffold_accepts() {
 }
 
 /// The rest of what `kwctl scaffold artifacthub` derives: the links from the source URL on
-/// GitHub, the fixed provider and recommendation.
+/// GitHub and the fixed provider. The recommendation is ours: kwctl 1.35 names the deprecated
+/// `kubewarden-controller` chart, where Kubewarden 1.37 and later install `admission-controller`.
 #[test]
 fn artifacthub_links_provider_and_recommendations_are_derived() {
     let metadata = metadata();
@@ -324,6 +326,111 @@ fn artifacthub_links_provider_and_recommendations_are_derived() {
     assert_eq!(package["provider"], json!({"name": "kubewarden"}));
     assert_eq!(
         package["recommendations"],
-        json!([{"url": "https://artifacthub.io/packages/helm/kubewarden/kubewarden-controller"}])
+        json!([{"url": "https://artifacthub.io/packages/helm/kubewarden/admission-controller"}])
     );
+}
+
+/// artifacthub-pkg.yml is what the real `kwctl scaffold artifacthub` (1.35) writes from
+/// metadata.yml and questions-ui.yml, field by field, but for three fields: `createdAt` (the day
+/// it is written), and the install text and recommendation, which kwctl writes for the
+/// deprecated `kubewarden-controller` chart where ours name the `admission-controller` chart
+/// people install from 1.37.
+#[test]
+fn artifacthub_package_is_what_kwctl_scaffolds() {
+    let Some(tools) = rig::tools::RealTools::find("artifacthub_package_is_what_kwctl_scaffolds")
+    else {
+        return;
+    };
+    let out = rig::tools::scratch_dir("scaffold").join("artifacthub-pkg.yml");
+    let output = std::process::Command::new(tools.bin("kwctl"))
+        .args(["scaffold", "artifacthub", "--metadata-path"])
+        .arg(rig::root().join("metadata.yml"))
+        .arg("--questions-path")
+        .arg(rig::root().join("questions-ui.yml"))
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .expect("kwctl scaffold artifacthub");
+    assert!(output.status.success(), "kwctl scaffold: {output:?}");
+    let scaffolded = rig::read_yaml(&out);
+    let ours = rig::read_yaml(&rig::root().join("artifacthub-pkg.yml"));
+    let ours_differ = ["createdAt", "install", "recommendations"];
+    let fields = |package: &Value| -> Vec<String> {
+        let mut keys: Vec<String> = package
+            .as_object()
+            .expect("a mapping")
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(fields(&ours), fields(&scaffolded), "the same fields");
+    for field in fields(&scaffolded) {
+        if ours_differ.contains(&field.as_str()) {
+            continue;
+        }
+        assert_eq!(
+            ours[&field], scaffolded[&field],
+            "artifacthub-pkg.yml `{field}` is not what kwctl scaffold artifacthub writes"
+        );
+    }
+    assert!(
+        scaffolded["install"]
+            .as_str()
+            .is_some_and(|text| text.contains("kwctl pull")),
+        "kwctl's install text changed: {}",
+        scaffolded["install"]
+    );
+    let _ = std::fs::remove_dir_all(out.parent().expect("scratch"));
+}
+
+/// `kwctl annotate` (1.35) takes the built module with metadata.yml and README.md, and finds
+/// the host capabilities the module calls equal to those metadata.yml declares (it warns
+/// otherwise).
+#[test]
+fn kwctl_annotates_the_built_module_without_a_warning() {
+    let Some(tools) =
+        rig::tools::RealTools::find("kwctl_annotates_the_built_module_without_a_warning")
+    else {
+        return;
+    };
+    let _ = rig::policy(); // the freshness check: policy.wasm is newer than src/
+    let dir = rig::tools::scratch_dir("annotate");
+    let output = std::process::Command::new(tools.bin("kwctl"))
+        .args(["annotate", "--metadata-path"])
+        .arg(rig::root().join("metadata.yml"))
+        .arg("--usage-path")
+        .arg(rig::root().join("README.md"))
+        .arg("--output-path")
+        .arg(dir.join("annotated.wasm"))
+        .arg(rig::root().join("policy.wasm"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("kwctl annotate");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "kwctl annotate: {stderr}");
+    assert!(!stderr.contains("WARN"), "kwctl annotate warned: {stderr}");
+    let inspect = std::process::Command::new(tools.bin("kwctl"))
+        .args(["inspect", "--output", "yaml"])
+        .arg(dir.join("annotated.wasm"))
+        .output()
+        .expect("kwctl inspect");
+    assert!(inspect.status.success(), "kwctl inspect: {inspect:?}");
+    let inspected: Value = serde_yaml::from_slice(&inspect.stdout).expect("kwctl inspect's YAML");
+    let metadata = metadata();
+    for field in [
+        "rules",
+        "mutating",
+        "executionMode",
+        "contextAwareResources",
+    ] {
+        assert_eq!(inspected[field], metadata[field], "kwctl inspect: {field}");
+    }
+    assert_eq!(
+        inspected["annotations"]["io.kubewarden.policy.version"],
+        metadata["annotations"]["io.kubewarden.policy.version"],
+        "kwctl inspect: the version"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
