@@ -304,12 +304,28 @@ impl PolicyServer {
         let mut command = Command::new(tools.bin("policy-server"));
         command
             .current_dir(&dir)
-            .args(["--addr", "127.0.0.1", "--log-no-color", "--log-level", "warn"])
+            .args([
+                "--addr",
+                "127.0.0.1",
+                "--log-no-color",
+                "--log-level",
+                "warn",
+            ])
             .args(["--port", &port.to_string()])
             .args(["--readiness-probe-port", &readiness_port.to_string()])
             .args(["--cert-file", "tls.crt", "--key-file", "tls.key"])
-            .args(["--policies", "policies.yml", "--sources-path", "sources.yaml"])
-            .args(["--policies-download-dir", "dl", "--sigstore-cache-dir", "sig"])
+            .args([
+                "--policies",
+                "policies.yml",
+                "--sources-path",
+                "sources.yaml",
+            ])
+            .args([
+                "--policies-download-dir",
+                "dl",
+                "--sigstore-cache-dir",
+                "sig",
+            ])
             .arg("--sigstore-trust-config")
             .arg(tools.sigstore_trust_config())
             .args([
@@ -385,7 +401,12 @@ impl PolicyServer {
         let output = Command::new("curl")
             .args(["-sS", "--fail-with-body", "--max-time", "300", "--cacert"])
             .arg(self.ca_file())
-            .args(["-H", "Content-Type: application/json", "--data-binary", "@-"])
+            .args([
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+                "@-",
+            ])
             .arg(format!("https://127.0.0.1:{}/{path}", self.port))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -428,5 +449,68 @@ impl Drop for PolicyServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl RealTools {
+    /// The built `policy.wasm` annotated by this kwctl with metadata.yml and README.md, as
+    /// `make annotated-policy.wasm` does, in a file of this test binary's own.
+    pub fn annotated_policy(&self) -> PathBuf {
+        static ANNOTATED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        ANNOTATED
+            .get_or_init(|| {
+                let _ = super::policy(); // refuses a policy.wasm older than src/
+                let out = scratch_dir("annotated").join("annotated-policy.wasm");
+                let output = Command::new(self.bin("kwctl"))
+                    .args(["annotate", "--metadata-path"])
+                    .arg(super::root().join("metadata.yml"))
+                    .arg("--usage-path")
+                    .arg(super::root().join("README.md"))
+                    .arg("--output-path")
+                    .arg(&out)
+                    .arg(super::root().join("policy.wasm"))
+                    .output()
+                    .expect("kwctl annotate");
+                assert!(output.status.success(), "kwctl annotate: {output:?}");
+                out
+            })
+            .clone()
+    }
+
+    /// `kwctl run` of `module` on `request` with `settings`, offline (Sigstore's root from a
+    /// file), with `extra` arguments and `env` in its environment (`KUBECONFIG`): kwctl's
+    /// AdmissionResponse, and its standard error.
+    pub fn kwctl_run(
+        &self,
+        module: &Path,
+        settings: &Value,
+        request: &Value,
+        extra: &[&std::ffi::OsStr],
+        env: &[(&str, &Path)],
+    ) -> (Value, String) {
+        let dir = scratch_dir("kwctl-run");
+        std::fs::write(dir.join("settings.json"), settings.to_string()).expect("settings");
+        std::fs::write(dir.join("request.json"), request.to_string()).expect("request");
+        let output = Command::new(self.bin("kwctl"))
+            .arg("run")
+            .arg("--sigstore-trust-config")
+            .arg(self.sigstore_trust_config())
+            .arg("--settings-path")
+            .arg(dir.join("settings.json"))
+            .arg("--request-path")
+            .arg(dir.join("request.json"))
+            .args(extra)
+            .arg(module)
+            .env("NO_COLOR", "1")
+            .env_remove("KUBECONFIG")
+            .envs(env.iter().map(|(key, value)| (key, value)))
+            .output()
+            .expect("kwctl run");
+        let _ = std::fs::remove_dir_all(&dir);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "kwctl run: {stderr}");
+        let answer = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("kwctl run's answer: {e}: {stderr}"));
+        (answer, stderr)
     }
 }
