@@ -174,15 +174,19 @@ pub fn validate_within(
 ) -> Response {
     let payload = json!({"settings": settings, "request": request}).to_string();
     let evaluation = policy().call_within("validate", payload.as_bytes(), host, timeout);
+    answer_of(&evaluation, request["uid"].as_str().unwrap_or_default())
+}
+
+/// policy-server's answer to one evaluation of request `uid`: the policy's own, or for an
+/// evaluation it interrupted, the refusal it writes in its place (code 500).
+pub fn answer_of(evaluation: &wapc::Evaluation, uid: &str) -> Response {
     if evaluation.interrupted {
-        let uid = request["uid"].as_str().unwrap_or_default();
         return Response::from_admission_response(&wapc::interrupted_answer(uid));
     }
-    parse_response(
-        &evaluation
-            .result
-            .unwrap_or_else(|e| panic!("validate failed: {e}")),
-    )
+    match &evaluation.result {
+        Ok(answer) => parse_response(answer),
+        Err(error) => panic!("validate failed: {error}"),
+    }
 }
 
 /// The host model's default evaluation timeout (`--policy-timeout`).
