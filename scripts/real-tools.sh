@@ -4,16 +4,25 @@
 # sources, see their README) into TOOLS_DIR, with etcd and openssl for the loopback control
 # plane, and prints TOOLS_DIR. The tests and `make e2e-tests` use them from there.
 #
-# Where they come from: SHARED_TOOLS, else ../shared/tools beside this checkout, else the
-# workplace's /work/shared/tools. Where none is, it says how to get the tools and exits 3:
-# `make test` then runs without them (each test that needs one says it did not run), and CI
-# (CI=true) fails.
+# Where they come from: SHARED_TOOLS when set (only there), else ../shared/tools beside this
+# checkout, else the workplace's /work/shared/tools. Where none is, it says how to get the tools
+# and exits 3: `make test` then runs without them (each test that needs one says it did not
+# run), and CI (CI=true) fails. `SHARED_TOOLS=/none TOOLS_DIR=/tmp/none make test` is a machine
+# without them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest=${TOOLS_DIR:-$HOME/.cache/image-swapper-tools}
-for shared in "${SHARED_TOOLS:-}" "$root/../shared/tools" /work/shared/tools; do
-  [[ -n $shared && -x $shared/unpack.sh ]] && break
-  shared=
+if [[ -n ${SHARED_TOOLS+set} ]]; then
+  candidates=("$SHARED_TOOLS")
+else
+  candidates=("$root/../shared/tools" /work/shared/tools)
+fi
+shared=
+for candidate in "${candidates[@]}"; do
+  if [[ -x $candidate/unpack.sh ]]; then
+    shared=$candidate
+    break
+  fi
 done
 if [[ -z $shared ]]; then
   if [[ -x $dest/bin/kwctl && -x $dest/bin/policy-server ]]; then
