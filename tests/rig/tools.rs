@@ -155,12 +155,16 @@ impl ControlPlane {
         &self.data
     }
 
-    /// `kubectl --kubeconfig <admin> ARGS`, with `stdin` fed when given.
+    /// `kubectl --kubeconfig <admin> ARGS`, with `stdin` fed when given. Its discovery cache is
+    /// this control plane's own (`kubectl-cache` in its folder): kubectl's default cache is keyed
+    /// by host and port, and a loopback port is reused by later control planes with other CRDs.
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let mut command = Command::new("kubectl");
         command
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.data.join("kubectl-cache"))
             .args(args)
             .stdin(if stdin.is_some() {
                 Stdio::piped()
@@ -304,12 +308,28 @@ impl PolicyServer {
         let mut command = Command::new(tools.bin("policy-server"));
         command
             .current_dir(&dir)
-            .args(["--addr", "127.0.0.1", "--log-no-color", "--log-level", "warn"])
+            .args([
+                "--addr",
+                "127.0.0.1",
+                "--log-no-color",
+                "--log-level",
+                "warn",
+            ])
             .args(["--port", &port.to_string()])
             .args(["--readiness-probe-port", &readiness_port.to_string()])
             .args(["--cert-file", "tls.crt", "--key-file", "tls.key"])
-            .args(["--policies", "policies.yml", "--sources-path", "sources.yaml"])
-            .args(["--policies-download-dir", "dl", "--sigstore-cache-dir", "sig"])
+            .args([
+                "--policies",
+                "policies.yml",
+                "--sources-path",
+                "sources.yaml",
+            ])
+            .args([
+                "--policies-download-dir",
+                "dl",
+                "--sigstore-cache-dir",
+                "sig",
+            ])
             .arg("--sigstore-trust-config")
             .arg(tools.sigstore_trust_config())
             .args([
@@ -385,7 +405,12 @@ impl PolicyServer {
         let output = Command::new("curl")
             .args(["-sS", "--fail-with-body", "--max-time", "300", "--cacert"])
             .arg(self.ca_file())
-            .args(["-H", "Content-Type: application/json", "--data-binary", "@-"])
+            .args([
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+                "@-",
+            ])
             .arg(format!("https://127.0.0.1:{}/{path}", self.port))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
