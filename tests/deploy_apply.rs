@@ -1016,11 +1016,23 @@ fn the_fill_jobs_identity_may_drop_records_and_nothing_else() {
             text(&output)
         );
     }
+    // The patch the fill job sends once the mirror holds some images of the record: the rest
+    // stays recorded.
+    let escaped = |key: &str| key.replace('/', "~1");
+    let shrink = json!([
+        {"op": "replace", "path": format!("/metadata/annotations/{}", escaped(RECORD_ANNOTATION)), "value": "{}"}
+    ]);
+    let output = patch_as_fill_job(&plane, "shop", "app", &shrink);
+    assert!(
+        output.status.success(),
+        "the fill job's partial record patch:\n{}",
+        text(&output)
+    );
+    recorded_pod(&plane, "shop", "app");
     // The patch the fill job sends once the mirror holds every image of the record.
     let record = plane.get_json(&["pod", "-n", "kube-system", "app"])["metadata"]["annotations"]
         [RECORD_ANNOTATION]
         .clone();
-    let escaped = |key: &str| key.replace('/', "~1");
     let drop_record = json!([
         {"op": "test", "path": format!("/metadata/annotations/{}", escaped(RECORD_ANNOTATION)), "value": record},
         {"op": "remove", "path": format!("/metadata/annotations/{}", escaped(RECORD_ANNOTATION))},
