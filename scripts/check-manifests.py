@@ -167,6 +167,11 @@ GMP = {
 }
 
 
+# The Prometheus operator's kinds (monitoring.coreos.com/v1) and the spec fields their CRDs require.
+COREOS_REQUIRED = {"PrometheusRule": ["groups"], "ServiceMonitor": ["endpoints", "selector"],
+                   "PodMonitor": ["selector"]}
+
+
 def check_gmp(document):
     """The errors of a monitoring.googleapis.com object under the structural schema above."""
     schema = GMP.get(document["kind"])
@@ -315,8 +320,15 @@ def main():
             elif document is not None and document["apiVersion"].startswith("monitoring.googleapis.com/"):
                 errors += check_gmp(document)
             elif document is not None and document["apiVersion"].startswith("monitoring.coreos.com/"):
-                # The Prometheus operator's kinds have no schema here: YAML and their names only.
-                errors += [] if document.get("spec", {}).get("groups") else ["spec.groups missing"]
+                # The Prometheus operator's kinds have no schema here: their required fields only
+                # (tests/deploy_apply.rs applies them under structural schemas of their CRDs).
+                required = COREOS_REQUIRED.get(document["kind"])
+                if required is None:
+                    errors.append(f"no check for monitoring.coreos.com {document['kind']} "
+                                  f"(checked: {', '.join(COREOS_REQUIRED)})")
+                else:
+                    errors += [f"spec.{field} missing" for field in required
+                               if not document.get("spec", {}).get(field)]
             elif document is not None:
                 try:
                     kubernetes_validate.validate(document, args.kubernetes_version, strict=True)

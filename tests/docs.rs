@@ -733,6 +733,47 @@ fn every_alert_fires_on_its_cause_and_clears_under_promtool() {
     promtool_fires_and_clears("deploy/base PrometheusRule", &rule["spec"]);
 }
 
+/// install.md's smoke-test rule (a PrometheusRule shown in a YAML block, `for:` of a minute or
+/// less) fires within minutes on the series of a Pod kept and clears once its record is gone,
+/// under promtool; its expression is `ImageSwapperPodsKeepSourceImages`', so what it shows firing
+/// is that alert's path (the record's label, kube-state-metrics, the rule's labels for the stack).
+#[test]
+fn the_smoke_alert_fires_and_clears_within_minutes() {
+    let base = rig::read_yaml(&rig::root().join("deploy/base/prometheus-rule.yaml"));
+    let kept = alerts_of(&base["spec"])
+        .into_iter()
+        .find(|a| a["alert"] == "ImageSwapperPodsKeepSourceImages")
+        .expect("the base's ImageSwapperPodsKeepSourceImages");
+    let smoke: Vec<serde_json::Value> = yaml_blocks()
+        .into_iter()
+        .filter(|(place, _, _)| place.starts_with("install.md:"))
+        .flat_map(|(_, _, documents)| documents)
+        .filter(|d| d["kind"] == "PrometheusRule" && d["metadata"]["name"] == "image-swapper-smoke")
+        .collect();
+    assert_eq!(smoke.len(), 1, "install.md shows the smoke-test rule once");
+    let rule = &smoke[0];
+    assert_eq!(
+        rule["metadata"]["labels"], base["metadata"]["labels"],
+        "the smoke-test rule is labelled as the base's, for the stack to load it"
+    );
+    let alerts = alerts_of(&rule["spec"]);
+    assert_eq!(alerts.len(), 1, "one smoke-test alert");
+    assert_eq!(
+        alerts[0]["expr"], kept["expr"],
+        "the smoke-test alert's expression"
+    );
+    let minutes = alerts[0]["for"]
+        .as_str()
+        .and_then(|f| f.strip_suffix('m'))
+        .and_then(|m| m.parse::<u64>().ok());
+    assert!(
+        minutes.is_some_and(|m| m <= 1),
+        "the smoke-test alert's for: {} (a minute at most)",
+        alerts[0]["for"]
+    );
+    promtool_fires_and_clears("install.md smoke-test PrometheusRule", &rule["spec"]);
+}
+
 /// Where an overlay gives Google Cloud Managed Service for Prometheus its alerts (`Rules`,
 /// `ClusterRules` or `GlobalRules` of monitoring.googleapis.com), they are the PrometheusRule's:
 /// the same alerts (less the fill job's where the overlay has no fill job), each with the same

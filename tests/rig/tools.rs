@@ -158,12 +158,16 @@ impl ControlPlane {
         &self.data
     }
 
-    /// `kubectl --kubeconfig <admin> ARGS`, with `stdin` fed when given.
+    /// `kubectl --kubeconfig <admin> ARGS`, with `stdin` fed when given. Its discovery cache is
+    /// this control plane's own (`kubectl-cache` in its folder): kubectl's default cache is keyed
+    /// by host and port, and a loopback port is reused by later control planes with other CRDs.
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let mut command = Command::new("kubectl");
         command
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.data.join("kubectl-cache"))
             .args(args)
             .stdin(if stdin.is_some() {
                 Stdio::piped()
