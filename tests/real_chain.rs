@@ -8,8 +8,10 @@
 mod rig;
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use rig::chain::{self, Entry, Webhook, apply, pod};
+use rig::hanging::HangingRegistry;
 use rig::images::Image;
 use rig::registry::TestRegistry;
 use rig::tools::{PolicyServer, PolicyServerOptions, RealTools};
@@ -166,3 +168,158 @@ fn swapped_kept_with_its_record_then_swapped_once_the_mirror_is_filled() {
     assert_eq!(filled.label(UNMIRRORED), None);
     assert!(filled.warnings.is_empty(), "{:?}", filled.warnings);
 }
+
+/// d. A mirror that hangs (accepts, never answers) is contained as the docs advise: the policy
+/// on a policy-server of its own, its webhook `failurePolicy: Ignore` with `timeoutSeconds: 3`.
+/// Its Pod is admitted unchanged once the API server gives up; a Pod for the policy on another
+/// policy-server is swapped while that admission still waits; and a second policy on the hung
+/// policy-server, whose mirror is healthy, waits out its timeout too (the host's lookup lock is
+/// process-wide), which is why the hanging one needs a policy-server of its own.
+#[test]
+fn a_hung_registry_is_contained_by_a_policy_server_of_its_own() {
+    let Some(tools) = RealTools::find("real_chain::a_hung_registry_is_contained") else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    let registries = Registries::start("chain-hang");
+    let web = Image::new("chain hang web", "linux/amd64");
+    let web_digest = web.push(&registries.source, "org/web", Some("1"));
+    web.push(&registries.mirror, "cache/org/web", Some("1"));
+    // Longer than the whole test: the hung lookup holds its policy-server until it is dropped.
+    let hanging = HangingRegistry::start(Duration::from_secs(120)).expect("hanging registry");
+    let hung_settings = json!({"mirrors": [{"source": registries.source.host,
+        "target": format!("{}/cache", hanging.host)}]});
+    let sources = chain::insecure_sources(&[
+        &registries.source.host,
+        &registries.mirror.host,
+        &hanging.host,
+    ]);
+    let module = swapper(&tools);
+    let (hung_server, healthy_server) = std::thread::scope(|scope| {
+        let hung = scope.spawn(|| {
+            PolicyServer::start(
+                &tools,
+                &chain::policies_yml(
+                    &tools,
+                    &[
+                        Entry::new("image-swapper-hung", &module, hung_settings.clone()),
+                        Entry::new("neighbour", &module, registries.settings()),
+                    ],
+                ),
+                PolicyServerOptions {
+                    sources: Some(&sources),
+                    ..PolicyServerOptions::default()
+                },
+            )
+        });
+        let healthy = scope.spawn(|| {
+            PolicyServer::start(
+                &tools,
+                &chain::policies_yml(
+                    &tools,
+                    &[Entry::new("image-swapper", &module, registries.settings())],
+                ),
+                PolicyServerOptions {
+                    sources: Some(&sources),
+                    ..PolicyServerOptions::default()
+                },
+            )
+        });
+        (
+            hung.join().expect("hung policy-server"),
+            healthy.join().expect("healthy policy-server"),
+        )
+    });
+    chain::namespaces(&plane, &["hang", "hang-neighbour", "hang-healthy"]);
+    for (name, server, policy, namespace) in [
+        (
+            "clusterwide-image-swapper-hung",
+            &hung_server,
+            "image-swapper-hung",
+            "hang",
+        ),
+        (
+            "clusterwide-neighbour",
+            &hung_server,
+            "neighbour",
+            "hang-neighbour",
+        ),
+        (
+            "clusterwide-image-swapper",
+            &healthy_server,
+            "image-swapper",
+            "hang-healthy",
+        ),
+    ] {
+        Webhook {
+            name,
+            server,
+            policy,
+            namespaces: &[namespace],
+            failure_policy: "Ignore",
+            timeout_seconds: HUNG_TIMEOUT_SECONDS,
+        }
+        .install(&plane);
+    }
+
+    let image = registries.image("org/web", "1");
+    let hung_pod = pod("hang", "web", &image);
+    let in_flight = std::thread::scope(|scope| {
+        let hung = scope.spawn(|| apply(&plane, &hung_pod));
+        // The hung policy's lookup has reached the hanging mirror.
+        let started = Instant::now();
+        while hanging.connections() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no lookup reached the hanging mirror:\n{}",
+                hung_server.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let healthy = apply(&plane, &pod("hang-healthy", "web", &image));
+        let still_waiting = !hung.is_finished();
+        let neighbour = apply(&plane, &pod("hang-neighbour", "web", &image));
+        (
+            hung.join().expect("hung apply"),
+            healthy,
+            still_waiting,
+            neighbour,
+        )
+    });
+    let (hung, healthy, still_waiting, neighbour) = in_flight;
+    println!(
+        "hung: {:?}, healthy policy-server: {:?}, neighbour on the hung policy-server: {:?}",
+        hung.took, healthy.took, neighbour.took
+    );
+    // The other policy-server answered, and swapped, while the hung admission waited.
+    assert_eq!(
+        healthy.image(0),
+        registries.mirror_image("org/web", "1", &web_digest),
+        "{healthy:?}"
+    );
+    assert!(
+        still_waiting,
+        "the hung admission had returned before the other policy-server answered: {hung:?}"
+    );
+    // The API server gave up on both policies of the hung policy-server after their
+    // `timeoutSeconds` and admitted the Pods as written (`Ignore`): nothing of the policy's.
+    for (what, applied) in [("hung", &hung), ("neighbour", &neighbour)] {
+        assert_eq!(applied.image(0), image, "{what}: {applied:?}");
+        assert_eq!(applied.annotation(ORIGINAL_IMAGES), None, "{what}");
+        assert_eq!(applied.label(UNMIRRORED), None, "{what}");
+        assert!(
+            applied.warnings.is_empty(),
+            "{what}: {:?}",
+            applied.warnings
+        );
+        assert!(
+            applied.took >= Duration::from_secs(HUNG_TIMEOUT_SECONDS.into()),
+            "{what}: admitted after {:?}, before the webhook's timeout: not the API server's \
+             timeout but an answer",
+            applied.took
+        );
+    }
+}
+
+/// The webhook timeout of the hung registry's scenario.
+const HUNG_TIMEOUT_SECONDS: u32 = 3;
