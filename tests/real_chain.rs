@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rig::chain::{self, Entry, Webhook, apply, pod};
+use rig::cosign::{Signer, signature_tag};
 use rig::hanging::HangingRegistry;
 use rig::images::Image;
 use rig::registry::TestRegistry;
@@ -323,3 +324,511 @@ fn a_hung_registry_is_contained_by_a_policy_server_of_its_own() {
 
 /// The webhook timeout of the hung registry's scenario.
 const HUNG_TIMEOUT_SECONDS: u32 = 3;
+
+/// Images for the signature scenarios: at the source, `org/app:signed` (signed as `cosign sign
+/// --key` signs it), `org/app:unsigned` and `platform/base:unsigned`; the mirror holds copies
+/// of all three at the same digests, and the signed one's signature.
+struct SignedImages {
+    registries: Registries,
+    signer: Signer,
+    signed: String,
+    unsigned: String,
+}
+
+impl SignedImages {
+    fn start(name: &str) -> SignedImages {
+        let registries = Registries::start(name);
+        let signer = Signer::generate();
+        let mut digests = Vec::new();
+        for (repository, tag) in [
+            ("org/app", "signed"),
+            ("org/app", "unsigned"),
+            ("platform/base", "unsigned"),
+        ] {
+            let image = Image::new(&format!("{name} {repository} {tag}"), "linux/amd64");
+            digests.push(image.push(&registries.source, repository, Some(tag)));
+            image.push(
+                &registries.mirror,
+                &format!("cache/{repository}"),
+                Some(tag),
+            );
+        }
+        signer.sign(&registries.source, "org/app", &digests[0], &[]);
+        let signature = signature_tag(&digests[0]);
+        skopeo_copy(
+            &format!("{}/org/app:{signature}", registries.source.host),
+            &format!("{}/cache/org/app:{signature}", registries.mirror.host),
+        );
+        SignedImages {
+            registries,
+            signer,
+            signed: digests[0].clone(),
+            unsigned: digests[1].clone(),
+        }
+    }
+
+    /// verify-image-signatures' rule for `pattern` with the signer's key.
+    fn rule(&self, pattern: &str) -> Value {
+        json!({"image": pattern, "pubKeys": [self.signer.public_pem]})
+    }
+
+    /// A validating verify-image-signatures policy object whose rules cover `repositories`
+    /// (globs under the source registry).
+    fn verifier(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        repositories: &str,
+    ) -> Value {
+        chain::kubewarden_policy(
+            kind,
+            namespace,
+            name,
+            VERIFIER_MODULE,
+            false,
+            json!({"signatures": [self.rule(&format!("{}/{repositories}", self.registries.source.host))],
+                "modifyImagesWithDigest": false}),
+        )
+    }
+}
+
+/// Where an operator's verify-image-signatures comes from (the `verifiers` glob matches it).
+const VERIFIER_MODULE: &str =
+    "registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11";
+
+/// The RBAC a PolicyServer's ServiceAccount has on Kubewarden's policy kinds, in scenario e.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Grant {
+    GetListWatch,
+    GetList,
+    Nothing,
+}
+
+impl Grant {
+    fn verbs(self) -> &'static [&'static str] {
+        match self {
+            Grant::GetListWatch => &["get", "list", "watch"],
+            Grant::GetList => &["get", "list"],
+            Grant::Nothing => &[],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Grant::GetListWatch => "watch",
+            Grant::GetList => "nowatch",
+            Grant::Nothing => "none",
+        }
+    }
+
+    fn namespace(self, which: &str) -> String {
+        format!("verifiers-{}-{which}", self.name())
+    }
+}
+
+/// e. `verifiers` read from real ClusterAdmissionPolicy and AdmissionPolicy objects through
+/// policy-server's Kubernetes capability, as its ServiceAccount's RBAC allows. The cluster holds
+/// a cluster-wide verifier over `platform/*` and, in each `team` namespace, a namespaced one
+/// over `org/*`; three policy-servers run the same policy, their ServiceAccounts granted `get`,
+/// `list` and `watch` on the policy kinds, only `get` and `list`, or nothing:
+/// - with the three verbs, an image a verifier covers is swapped only when it verifies (the
+///   signed one, at its digest), kept otherwise, and elsewhere swapped as without `verifiers`;
+///   a verifier created later is honoured at once;
+/// - without `watch`, the same at first, but a verifier created afterwards is never seen: its
+///   namespace's unsigned image is swapped to the mirror, where the server with `watch` keeps it;
+/// - with nothing, the policy's list never returns: the admission waits out the webhook's
+///   `timeoutSeconds` and the API server admits the Pod as written (`failurePolicy: Ignore`).
+#[test]
+fn verifiers_are_read_from_real_policies_as_the_policy_servers_rbac_allows() {
+    let Some(tools) = RealTools::find("real_chain::verifiers_are_read_from_real_policies") else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    chain::kubewarden_crds(&plane);
+    let images = SignedImages::start("chain-verifiers");
+    let registries = &images.registries;
+    let grants = [Grant::GetListWatch, Grant::GetList, Grant::Nothing];
+    let mut namespaces = Vec::new();
+    for grant in grants {
+        for which in ["team", "other", "late"] {
+            namespaces.push(grant.namespace(which));
+        }
+    }
+    chain::namespaces(
+        &plane,
+        &namespaces.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let mut objects = vec![images.verifier(
+        "ClusterAdmissionPolicy",
+        None,
+        "verify-platform-images",
+        "platform/*",
+    )];
+    for grant in grants {
+        objects.push(images.verifier(
+            "AdmissionPolicy",
+            Some(&grant.namespace("team")),
+            "verify-image-signatures",
+            "org/*",
+        ));
+    }
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&list.to_string()));
+
+    let mut settings = registries.settings();
+    settings["verifiers"] = json!([{"module": "*/verify-image-signatures:*"}]);
+    let module = swapper(&tools);
+    let sources = registries.sources();
+    let policies = chain::policies_yml(
+        &tools,
+        &[Entry::new("image-swapper", &module, settings).reading_policies()],
+    );
+    let kubeconfigs: Vec<PathBuf> = grants
+        .iter()
+        .map(|grant| {
+            chain::service_account_kubeconfig(
+                &plane,
+                "kubewarden",
+                &format!("policy-server-{}", grant.name()),
+                grant.verbs(),
+            )
+        })
+        .collect();
+    let servers: Vec<PolicyServer> = std::thread::scope(|scope| {
+        let starting: Vec<_> = kubeconfigs
+            .iter()
+            .map(|kubeconfig| {
+                let (policies, sources) = (&policies, &sources);
+                let tools = &tools;
+                scope.spawn(move || {
+                    PolicyServer::start(
+                        tools,
+                        policies,
+                        PolicyServerOptions {
+                            kubeconfig: Some(kubeconfig),
+                            sources: Some(sources),
+                            ..PolicyServerOptions::default()
+                        },
+                    )
+                })
+            })
+            .collect();
+        starting
+            .into_iter()
+            .map(|s| s.join().expect("policy-server"))
+            .collect()
+    });
+    for (grant, server) in grants.iter().zip(&servers) {
+        let name = format!("clusterwide-image-swapper-{}", grant.name());
+        let served: Vec<String> = ["team", "other", "late"]
+            .iter()
+            .map(|which| grant.namespace(which))
+            .collect();
+        Webhook {
+            name: &name,
+            server,
+            policy: "image-swapper",
+            namespaces: &served.iter().map(String::as_str).collect::<Vec<_>>(),
+            failure_policy: "Ignore",
+            timeout_seconds: if *grant == Grant::Nothing {
+                HUNG_TIMEOUT_SECONDS
+            } else {
+                10
+            },
+        }
+        .install(&plane);
+    }
+
+    let unsigned = registries.image("org/app", "unsigned");
+    let signed = registries.image("org/app", "signed");
+    let base = registries.image("platform/base", "unsigned");
+    for (grant, server) in grants.iter().zip(&servers).take(2) {
+        let (team, other) = (grant.namespace("team"), grant.namespace("other"));
+        let kept = apply(&plane, &pod(&team, "unsigned", &unsigned));
+        assert_eq!(
+            kept.image(0),
+            unsigned,
+            "{grant:?}: covered by the team's verifier, unsigned: kept\n{}",
+            server.log()
+        );
+        assert!(
+            kept.warned(&format!("image \"{unsigned}\": kept")),
+            "{grant:?}: {:?}",
+            kept.warnings
+        );
+        assert_eq!(
+            apply(&plane, &pod(&team, "signed", &signed)).image(0),
+            registries.mirror_image("org/app", "signed", &images.signed),
+            "{grant:?}: signed, its signature in the mirror: swapped at the verified digest"
+        );
+        assert_eq!(
+            apply(&plane, &pod(&other, "unsigned", &unsigned)).image(0),
+            registries.mirror_image("org/app", "unsigned", &images.unsigned),
+            "{grant:?}: no verifier covers it in {other}: swapped as without verifiers"
+        );
+        let base_kept = apply(&plane, &pod(&other, "base", &base));
+        assert_eq!(
+            base_kept.image(0),
+            base,
+            "{grant:?}: the cluster-wide verifier covers it: kept"
+        );
+        assert!(
+            base_kept.warned(&format!("image \"{base}\": kept")),
+            "{grant:?}: {:?}",
+            base_kept.warnings
+        );
+    }
+
+    // Nothing granted: the list never returns; the API server gives up and admits as written
+    // an image that would otherwise be swapped.
+    let none = &servers[2];
+    let waited = apply(
+        &plane,
+        &pod(&Grant::Nothing.namespace("other"), "unsigned", &unsigned),
+    );
+    println!(
+        "nothing granted: {waited:?}\npolicy-server:\n{}",
+        none.log()
+    );
+    assert_eq!(waited.image(0), unsigned, "{waited:?}");
+    assert_eq!(waited.annotation(ORIGINAL_IMAGES), None);
+    assert!(waited.warnings.is_empty(), "{:?}", waited.warnings);
+    assert!(
+        waited.took >= Duration::from_secs(HUNG_TIMEOUT_SECONDS.into()),
+        "admitted after {:?}: an answer, not the webhook's timeout",
+        waited.took
+    );
+
+    // Each `late` namespace's first admission, before any verifier covers it there: swapped.
+    // The host has now listed that namespace's AdmissionPolicies (one reflector per kind and
+    // namespace, built at its first list) and the cluster-wide policies.
+    for grant in &grants[..2] {
+        assert_eq!(
+            apply(&plane, &pod(&grant.namespace("late"), "before", &unsigned)).image(0),
+            registries.mirror_image("org/app", "unsigned", &images.unsigned),
+            "{grant:?}: no verifier in late yet"
+        );
+    }
+    // Verifiers created now: one in each `late` namespace, and a cluster-wide one over
+    // `org/*`, which covers the `other` namespaces too.
+    let mut created: Vec<Value> = grants[..2]
+        .iter()
+        .map(|grant| {
+            images.verifier(
+                "AdmissionPolicy",
+                Some(&grant.namespace("late")),
+                "verify-image-signatures",
+                "org/*",
+            )
+        })
+        .collect();
+    created.push(images.verifier("ClusterAdmissionPolicy", None, "verify-org-images", "org/*"));
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": created});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&list.to_string()));
+    for which in ["late", "other"] {
+        // With `watch`, the policy-server's store has them within moments: kept.
+        let namespace = Grant::GetListWatch.namespace(which);
+        let started = Instant::now();
+        let watched = loop {
+            let answered = chain::dry_run(&plane, &pod(&namespace, "after", &unsigned));
+            if answered.image(0) == unsigned {
+                break answered;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "with watch, the new verifier over {namespace} was not seen within 30 s: \
+                 {answered:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            watched.warned(&format!("image \"{unsigned}\": kept")),
+            "{:?}",
+            watched.warnings
+        );
+        // Without `watch`, after the server with `watch` has seen them: never seen, swapped
+        // to the mirror as before they existed.
+        let stale = apply(
+            &plane,
+            &pod(&Grant::GetList.namespace(which), "after", &unsigned),
+        );
+        assert_eq!(
+            stale.image(0),
+            registries.mirror_image("org/app", "unsigned", &images.unsigned),
+            "without watch, a verifier created after the first list of {which}: {stale:?}"
+        );
+    }
+}
+
+/// f. The real verify-image-signatures 1.0.11 chained with the swapper in both orders, as the
+/// API server orders mutating webhooks (by configuration name: `clusterwide-image-swapper`
+/// before `clusterwide-verify-image-signatures`, and 1.37.2's `kw.ap.<ns>.verify-image-signatures`
+/// before `kw.cap.image-swapper`), its rules on the sources or on every image, the swapper
+/// with the same rule in `signatures`: every image admitted or refused as by the verifier alone
+/// (the unsigned one refused by the verifier, the signed one admitted at the digest the
+/// verifier alone pins, from the mirror).
+#[test]
+fn the_real_verifier_chained_in_both_orders_decides_as_alone() {
+    let Some(tools) = RealTools::find("real_chain::the_real_verifier_chained_in_both_orders")
+    else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    let images = SignedImages::start("chain-verifier");
+    let registries = &images.registries;
+    let by_source = images.rule(&format!("{}/org/*", registries.source.host));
+    let mut swapper_settings = registries.settings();
+    swapper_settings["signatures"] = json!([by_source]);
+    let verifier_module = tools.bin("verify-image-signatures.wasm");
+    let sources = registries.sources();
+    let server = PolicyServer::start(
+        &tools,
+        &chain::policies_yml(
+            &tools,
+            &[
+                Entry::new("image-swapper", &swapper(&tools), swapper_settings),
+                Entry::new(
+                    "verifier-sources",
+                    &verifier_module,
+                    json!({"signatures": [by_source]}),
+                ),
+                Entry::new(
+                    "verifier-all",
+                    &verifier_module,
+                    json!({"signatures": [images.rule("*")]}),
+                ),
+            ],
+        ),
+        PolicyServerOptions {
+            sources: Some(&sources),
+            ..PolicyServerOptions::default()
+        },
+    );
+    // (namespace, the configurations' names and policies in the order the API server calls them)
+    let chains: [(&str, &[(&str, &str)]); 6] = [
+        (
+            "alone-sources",
+            &[("clusterwide-verify-image-signatures", "verifier-sources")],
+        ),
+        (
+            "alone-all",
+            &[("clusterwide-verify-image-signatures", "verifier-all")],
+        ),
+        (
+            "swapper-first-sources",
+            &[
+                ("clusterwide-image-swapper", "image-swapper"),
+                ("clusterwide-verify-image-signatures", "verifier-sources"),
+            ],
+        ),
+        (
+            "swapper-first-all",
+            &[
+                ("clusterwide-image-swapper", "image-swapper"),
+                ("clusterwide-verify-image-signatures", "verifier-all"),
+            ],
+        ),
+        (
+            "verifier-first-sources",
+            &[
+                (
+                    "kw.ap.verifier-first-sources.verify-image-signatures",
+                    "verifier-sources",
+                ),
+                ("kw.cap.image-swapper", "image-swapper"),
+            ],
+        ),
+        (
+            "verifier-first-all",
+            &[
+                (
+                    "kw.ap.verifier-first-all.verify-image-signatures",
+                    "verifier-all",
+                ),
+                ("kw.cap.image-swapper", "image-swapper"),
+            ],
+        ),
+    ];
+    chain::namespaces(&plane, &chains.map(|(namespace, _)| namespace));
+    for (namespace, webhooks) in &chains {
+        let names: Vec<String> = webhooks
+            .iter()
+            .map(|(name, _)| format!("{name}.{namespace}"))
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(sorted, names, "the API server calls them in this order");
+        for ((_, policy), name) in webhooks.iter().zip(&names) {
+            Webhook {
+                name,
+                server: &server,
+                policy,
+                namespaces: &[namespace],
+                failure_policy: "Fail",
+                timeout_seconds: 10,
+            }
+            .install(&plane);
+        }
+    }
+
+    let unsigned = registries.image("org/app", "unsigned");
+    let signed = registries.image("org/app", "signed");
+    let mut table = Vec::new();
+    for rules in ["sources", "all"] {
+        let alone_namespace = format!("alone-{rules}");
+        for (tag, image) in [("unsigned", &unsigned), ("signed", &signed)] {
+            let alone = apply(&plane, &pod(&alone_namespace, tag, image));
+            for order in ["swapper-first", "verifier-first"] {
+                let namespace = format!("{order}-{rules}");
+                let chained = apply(&plane, &pod(&namespace, tag, image));
+                table.push(format!(
+                    "{namespace} {tag}: alone {}, chained {}",
+                    outcome(&alone),
+                    outcome(&chained)
+                ));
+                match (&alone.stored, &chained.stored) {
+                    (None, None) => {
+                        for applied in [&alone, &chained] {
+                            assert!(
+                                applied.refused.as_deref().is_some_and(|refusal| refusal
+                                    .contains(&format!("admission webhook \"verifier-{rules}.kubewarden.admission\" denied the request"))),
+                                "{namespace} {tag}: refused by the verifier: {applied:?}"
+                            );
+                        }
+                    }
+                    (Some(_), Some(_)) => {
+                        assert_eq!(
+                            alone.image(0),
+                            format!("{signed}@{}", images.signed),
+                            "{namespace}: the verifier alone pins the signed image"
+                        );
+                        assert_eq!(
+                            chained.image(0),
+                            registries.mirror_image("org/app", "signed", &images.signed),
+                            "{namespace}: the same digest, from the mirror"
+                        );
+                    }
+                    _ => panic!("{namespace} {tag}: alone {alone:?}, chained {chained:?}"),
+                }
+            }
+        }
+    }
+    println!("{}", table.join("\n"));
+    assert_eq!(
+        table
+            .iter()
+            .filter(|row| row.contains("chained admitted"))
+            .count(),
+        4,
+        "the signed image in the four chains: {table:#?}"
+    );
+}
+
+fn outcome(applied: &chain::Applied) -> &'static str {
+    if applied.stored.is_some() {
+        "admitted"
+    } else {
+        "refused"
+    }
+}

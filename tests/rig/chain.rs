@@ -191,19 +191,14 @@ impl Webhook<'_> {
         probe["metadata"]["labels"] = json!({MARKER: self.name});
         let started = Instant::now();
         loop {
-            let output = plane.kubectl(
-                &["create", "--dry-run=server", "-o", "json", "-f", "-"],
-                Some(&probe.to_string()),
-            );
-            let answered: Option<Value> = serde_json::from_slice(&output.stdout).ok();
-            if answered.is_some_and(|pod| image_of(&pod, 0) == MARKED_IMAGE) {
+            let answered = dry_run(plane, &probe);
+            if answered.stored.as_ref().map(|pod| image_of(pod, 0)) == Some(MARKED_IMAGE) {
                 return;
             }
             assert!(
                 started.elapsed() < Duration::from_secs(60),
-                "webhook configuration {} not called within 60 s: {}\npolicy-server:\n{}",
+                "webhook configuration {} not called within 60 s: {answered:?}\npolicy-server:\n{}",
                 self.name,
-                String::from_utf8_lossy(&output.stderr),
                 self.server.log()
             );
             std::thread::sleep(Duration::from_millis(200));
@@ -274,8 +269,28 @@ impl Applied {
 
 /// `kubectl apply` of `object` (a Pod), then the Pod as the API server stored it.
 pub fn apply(plane: &ControlPlane, object: &Value) -> Applied {
+    let mut applied = submit(plane, &["apply", "-f", "-"], object);
+    if applied.refused.is_none() {
+        let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        applied.stored = Some(plane.get_json(&["pod", "-n", namespace, name]));
+    }
+    applied
+}
+
+/// `kubectl create --dry-run=server` of `object`: what the API server would store, through
+/// every webhook, storing nothing.
+pub fn dry_run(plane: &ControlPlane, object: &Value) -> Applied {
+    submit(
+        plane,
+        &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+        object,
+    )
+}
+
+fn submit(plane: &ControlPlane, args: &[&str], object: &Value) -> Applied {
     let started = Instant::now();
-    let output = plane.kubectl(&["apply", "-f", "-"], Some(&object.to_string()));
+    let output = plane.kubectl(args, Some(&object.to_string()));
     let took = started.elapsed();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     let warnings = stderr
@@ -291,10 +306,8 @@ pub fn apply(plane: &ControlPlane, object: &Value) -> Applied {
             took,
         };
     }
-    let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
-    let name = object["metadata"]["name"].as_str().unwrap_or_default();
     Applied {
-        stored: Some(plane.get_json(&["pod", "-n", namespace, name])),
+        stored: serde_json::from_slice(&output.stdout).ok(),
         refused: None,
         warnings,
         took,
@@ -355,4 +368,33 @@ pub fn service_account_kubeconfig(
         .join(format!("{namespace}-{name}.kubeconfig"));
     std::fs::write(&path, kubeconfig.to_string()).expect("kubeconfig");
     path
+}
+
+/// A Kubewarden policy object (`ClusterAdmissionPolicy`, or `AdmissionPolicy` in `namespace`)
+/// for Pods, as an operator applies it: no controller runs here, so it only stands in the API
+/// server to be read.
+pub fn kubewarden_policy(
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+    module: &str,
+    mutating: bool,
+    settings: Value,
+) -> Value {
+    let mut metadata = json!({"name": name});
+    if let Some(namespace) = namespace {
+        metadata["namespace"] = json!(namespace);
+    }
+    json!({
+        "apiVersion": "policies.kubewarden.io/v1",
+        "kind": kind,
+        "metadata": metadata,
+        "spec": {
+            "module": module,
+            "mutating": mutating,
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                "operations": ["CREATE", "UPDATE"]}],
+            "settings": settings,
+        },
+    })
 }
