@@ -588,7 +588,8 @@ fn verifiers_are_read_from_real_policies_as_the_policy_servers_rbac_allows() {
         &pod(&Grant::Nothing.namespace("other"), "unsigned", &unsigned),
     );
     println!(
-        "nothing granted: {waited:?}\npolicy-server:\n{}",
+        "nothing granted: admitted after {:?}\npolicy-server:\n{}",
+        waited.took,
         none.log()
     );
     assert_eq!(waited.image(0), unsigned, "{waited:?}");

@@ -155,6 +155,8 @@ impl Webhook<'_> {
     pub fn install(&self, plane: &ControlPlane) {
         use base64::Engine as _;
         let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&self.server.cert_pem);
+        // A label value is at most 63 characters; a configuration's name can be longer.
+        let marker = &super::registry::sha256(self.name.as_bytes())[7..23];
         let pods = json!([{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
             "operations": ["CREATE", "UPDATE"]}]);
         let configuration = json!({
@@ -178,7 +180,7 @@ impl Webhook<'_> {
                     "clientConfig": {"url": self.server.url(MARKER), "caBundle": ca_bundle},
                     "rules": pods,
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MARKERS}},
-                    "objectSelector": {"matchLabels": {MARKER: self.name}},
+                    "objectSelector": {"matchLabels": {MARKER: marker}},
                     "failurePolicy": "Fail",
                     "sideEffects": "None",
                     "admissionReviewVersions": ["v1"],
@@ -188,7 +190,7 @@ impl Webhook<'_> {
         });
         plane.kubectl_ok(&["apply", "-f", "-"], Some(&configuration.to_string()));
         let mut probe = pod(MARKERS, "probe", MARKER_IMAGE);
-        probe["metadata"]["labels"] = json!({MARKER: self.name});
+        probe["metadata"]["labels"] = json!({MARKER: marker});
         let started = Instant::now();
         loop {
             let answered = dry_run(plane, &probe);
