@@ -138,7 +138,8 @@ pub fn insecure_sources(hosts: &[&str]) -> String {
 }
 
 /// A MutatingWebhookConfiguration named `name` (the API server calls configurations in the
-/// order of their names) that sends the Pods of `namespaces` to policy `policy` of `server`.
+/// order of their names; unique on the control plane) that sends the Pods of `namespaces` to
+/// policy `policy` of `server`.
 pub struct Webhook<'a> {
     pub name: &'a str,
     pub server: &'a PolicyServer,
@@ -188,7 +189,9 @@ impl Webhook<'_> {
                 },
             ],
         });
-        plane.kubectl_ok(&["apply", "-f", "-"], Some(&configuration.to_string()));
+        // `create`, not `apply`: tests that share the control plane never take over each
+        // other's configuration by reusing its name.
+        plane.kubectl_ok(&["create", "-f", "-"], Some(&configuration.to_string()));
         let mut probe = pod(MARKERS, "probe", MARKER_IMAGE);
         probe["metadata"]["labels"] = json!({MARKER: marker});
         let started = Instant::now();
