@@ -93,7 +93,8 @@ fn swapper(tools: &RealTools) -> PathBuf {
 
 /// a, b, c: a Pod swapped and pinned with its original recorded; a Pod whose image the mirror
 /// lacks kept, with its record and a warning; the record's copy made as the fill job makes it,
-/// and the next Pod of that image swapped, nothing restarted (policy-server keeps no failure).
+/// and the next Pod of that image swapped, nothing restarted (policy-server keeps no failure);
+/// the filled record dropped by the fill job's patch, and put back when anyone else drops it.
 #[test]
 fn swapped_kept_with_its_record_then_swapped_once_the_mirror_is_filled() {
     let Some(tools) = RealTools::find("real_chain::swapped_kept_with_its_record") else {
@@ -107,19 +108,29 @@ fn swapped_kept_with_its_record_then_swapped_once_the_mirror_is_filled() {
     let api = Image::new("chain api", "linux/amd64");
     let api_digest = api.push(&registries.source, "org/api", Some("1"));
     let sources = registries.sources();
+    let mut settings = registries.settings();
+    settings["fillJobUsernames"] = json!([FILL_JOB]);
     let server = PolicyServer::start(
         &tools,
         &chain::policies_yml(
             &tools,
-            &[Entry::new(
-                "image-swapper",
-                &swapper(&tools),
-                registries.settings(),
-            )],
+            &[Entry::new("image-swapper", &swapper(&tools), settings)],
         ),
         options(&sources),
     );
     chain::namespaces(&plane, &["swap"]);
+    // The fill job's identity may read and patch the namespace's Pods (deploy/ grants it
+    // cluster-wide); admin acts as it with `--as`.
+    let role = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "fill-mirror", "namespace": "swap"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "fill-mirror", "namespace": "swap"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "fill-mirror"},
+            "subjects": [{"kind": "ServiceAccount", "name": "fill-mirror", "namespace": "kubewarden"}]},
+    ]});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&role.to_string()));
     Webhook {
         name: "clusterwide-image-swapper.swap",
         server: &server,
@@ -183,7 +194,57 @@ fn swapped_kept_with_its_record_then_swapped_once_the_mirror_is_filled() {
     );
     assert_eq!(filled.label(UNMIRRORED), None);
     assert!(filled.warnings.is_empty(), "{:?}", filled.warnings);
+
+    // The filled record dropped with the fill job's patch (a `test` of the record it read,
+    // then the annotation and the label removed): from anyone else the policy puts it back;
+    // from the fill job's identity it goes.
+    let drop_record = json!([
+        {"op": "test", "path": format!("/metadata/annotations/{}", UNMIRRORED_IMAGES.replace('/', "~1")),
+            "value": kept.annotation(UNMIRRORED_IMAGES)},
+        {"op": "remove", "path": format!("/metadata/annotations/{}", UNMIRRORED_IMAGES.replace('/', "~1"))},
+        {"op": "remove", "path": format!("/metadata/labels/{}", UNMIRRORED.replace('/', "~1"))},
+    ])
+    .to_string();
+    for (who, impersonate) in [("admin", None), ("the fill job", Some(FILL_JOB))] {
+        let mut args = vec![
+            "patch",
+            "pod",
+            "-n",
+            "swap",
+            "api",
+            "--type=json",
+            "-p",
+            &drop_record,
+        ];
+        let as_fill_job = impersonate.map(|user| format!("--as={user}"));
+        args.extend(as_fill_job.as_deref());
+        plane.kubectl_ok(&args, None);
+        let stored = plane.get_json(&["pod", "-n", "swap", "api"]);
+        let record = &stored["metadata"]["annotations"][UNMIRRORED_IMAGES];
+        let label = &stored["metadata"]["labels"][UNMIRRORED];
+        if impersonate.is_none() {
+            assert_eq!(
+                record.as_str(),
+                kept.annotation(UNMIRRORED_IMAGES),
+                "{who}: put back"
+            );
+            assert_eq!(label, "true", "{who}: put back");
+        } else {
+            assert!(
+                record.is_null() && label.is_null(),
+                "{who}: dropped: {stored}"
+            );
+        }
+        assert_eq!(
+            chain::image_of(&stored, 0),
+            api_image,
+            "{who}: the image untouched"
+        );
+    }
 }
+
+/// The username the API server gives the fill job of `deploy/` (its ServiceAccount).
+const FILL_JOB: &str = "system:serviceaccount:kubewarden:fill-mirror";
 
 /// d. A mirror that hangs (accepts, never answers) is contained as the docs advise: the policy
 /// on a policy-server of its own, its webhook `failurePolicy: Ignore` with `timeoutSeconds: 3`.
