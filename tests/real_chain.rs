@@ -504,8 +504,10 @@ impl Grant {
 /// - with the three verbs, an image a verifier covers is swapped only when it verifies (the
 ///   signed one, at its digest), kept otherwise, and elsewhere swapped as without `verifiers`;
 ///   a verifier created later is honoured at once;
-/// - without `watch`, the same at first, but a verifier created afterwards is never seen: its
-///   namespace's unsigned image is swapped to the mirror, where the server with `watch` keeps it;
+/// - without `watch`, the same at first, but a verifier created after the host's first list of
+///   its kind (for a namespaced one, in its namespace: the host keeps one reflector per kind and
+///   namespace, built at the first list) is never seen: the unsigned image it covers is swapped
+///   to the mirror, where the server with `watch` keeps it;
 /// - with nothing, the policy's list never returns: the admission waits out the webhook's
 ///   `timeoutSeconds` and the API server admits the Pod as written (`failurePolicy: Ignore`).
 #[test]
