@@ -7,7 +7,7 @@
 use std::io::Read;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ pub struct HangingRegistry {
     /// `127.0.0.1:PORT`: use it as the registry host in image names.
     pub host: String,
     stop: Arc<AtomicBool>,
+    accepted: Arc<AtomicUsize>,
 }
 
 impl HangingRegistry {
@@ -24,17 +25,29 @@ impl HangingRegistry {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counting = accepted.clone();
         thread::spawn(move || {
             while !stopping.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((connection, _)) => {
+                        counting.fetch_add(1, Ordering::Relaxed);
                         thread::spawn(move || hold_then_drop(connection, hold));
                     }
                     Err(_) => thread::sleep(Duration::from_millis(2)),
                 }
             }
         });
-        Ok(HangingRegistry { host, stop })
+        Ok(HangingRegistry {
+            host,
+            stop,
+            accepted,
+        })
+    }
+
+    /// How many connections it has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::Relaxed)
     }
 }
 

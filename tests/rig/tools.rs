@@ -73,6 +73,57 @@ impl RealTools {
         self.dir.join("sigstore-trust-config.json")
     }
 
+    /// The built `policy.wasm` annotated by the real kwctl with `metadata.yml` and the README
+    /// (`make annotated-policy.wasm`'s command): policy-server 1.35 refuses a module without
+    /// the annotations ("Policy is missing protocol version, which is required for
+    /// KubewardenWapc execution mode"). Made once per test binary, under `target/real-tools/`,
+    /// and reused while it is newer than what it is made from.
+    pub fn annotated_policy(&self) -> PathBuf {
+        static ANNOTATED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        ANNOTATED
+            .get_or_init(|| {
+                let root = super::root();
+                let module = root.join("policy.wasm");
+                if let Err(error) = super::wapc::check_fresh(&module, &root) {
+                    panic!("{error:#}");
+                }
+                let dir = root.join("target/real-tools");
+                std::fs::create_dir_all(&dir).expect("target/real-tools");
+                let annotated = dir.join("annotated-policy.wasm");
+                let inputs = [
+                    module.clone(),
+                    root.join("metadata.yml"),
+                    root.join("README.md"),
+                ];
+                let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified());
+                let fresh = modified(&annotated).is_ok_and(|made| {
+                    inputs
+                        .iter()
+                        .all(|input| modified(input).is_ok_and(|input| input <= made))
+                });
+                if !fresh {
+                    // Written beside and renamed, so that test binaries running at once never
+                    // read a half-written module.
+                    let partial = dir.join(format!("annotated-policy.{}.wasm", std::process::id()));
+                    let output = Command::new(self.bin("kwctl"))
+                        .current_dir(&root)
+                        .args(["annotate", "-m", "metadata.yml", "-u", "README.md", "-o"])
+                        .arg(&partial)
+                        .arg(&module)
+                        .output()
+                        .expect("kwctl annotate");
+                    assert!(
+                        output.status.success(),
+                        "kwctl annotate: {}",
+                        String::from_utf8_lossy(&output.stderr)
+                    );
+                    std::fs::rename(&partial, &annotated).expect("annotated-policy.wasm");
+                }
+                annotated
+            })
+            .clone()
+    }
+
     /// `kwctl --version`'s first line, for the headers of what kwctl records.
     pub fn kwctl_version(&self) -> String {
         let output = Command::new(self.bin("kwctl"))

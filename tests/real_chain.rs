@@ -1,0 +1,902 @@
+//! The real admission chain: kube-apiserver 1.36 calls policy-server 1.35 over TLS (a
+//! MutatingWebhookConfiguration whose `clientConfig.url` is the policy's `/validate/<id>`, its
+//! certificate as `caBundle`), which runs the built module (annotated by the real kwctl) against
+//! registries on loopback. Each scenario is asserted on what the API server stored (`kubectl get
+//! pod -o json`) and what kubectl printed. The tools come from `scripts/real-tools.sh`; without
+//! them each test says it did not run (and fails under `CI=true`).
+
+mod rig;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rig::chain::{self, Entry, Webhook, apply, pod};
+use rig::cosign::{Signer, signature_tag};
+use rig::hanging::HangingRegistry;
+use rig::images::Image;
+use rig::registry::TestRegistry;
+use rig::tools::{PolicyServer, PolicyServerOptions, RealTools};
+use serde_json::{Value, json};
+
+const ORIGINAL_IMAGES: &str = "image-swapper.kubewarden.io/original-images";
+const UNMIRRORED_IMAGES: &str = "image-swapper.kubewarden.io/unmirrored-images";
+const UNMIRRORED: &str = "image-swapper.kubewarden.io/unmirrored";
+
+/// A source registry and its mirror, both plain HTTP on loopback, routed
+/// `<source>` -> `<mirror>/cache`.
+struct Registries {
+    source: TestRegistry,
+    mirror: TestRegistry,
+}
+
+impl Registries {
+    fn start(name: &str) -> Registries {
+        Registries {
+            source: TestRegistry::start(&format!("{name}-source")).expect("registry"),
+            mirror: TestRegistry::start(&format!("{name}-mirror")).expect("registry"),
+        }
+    }
+
+    /// `<source>/<repository>:<tag>`.
+    fn image(&self, repository: &str, tag: &str) -> String {
+        format!("{}/{repository}:{tag}", self.source.host)
+    }
+
+    /// What the swap writes for it: `<mirror>/cache/<repository>:<tag>@<digest>`.
+    fn mirror_image(&self, repository: &str, tag: &str, digest: &str) -> String {
+        format!("{}/cache/{repository}:{tag}@{digest}", self.mirror.host)
+    }
+
+    /// The route, and a lookup budget within the generous evaluation timeout of [`options`].
+    fn settings(&self) -> Value {
+        json!({"mirrors": [{"source": self.source.host,
+            "target": format!("{}/cache", self.mirror.host)}],
+            "lookupBudgetMilliseconds": LOOKUP_BUDGET_MS})
+    }
+
+    fn sources(&self) -> String {
+        chain::insecure_sources(&[&self.source.host, &self.mirror.host])
+    }
+}
+
+/// `skopeo copy --all --preserve-digests`, the fill job's copy, between plain-HTTP registries.
+fn skopeo_copy(from: &str, to: &str) {
+    let status = std::process::Command::new("skopeo")
+        .args(["copy", "--all", "--preserve-digests"])
+        .args(["--src-tls-verify=false", "--dest-tls-verify=false"])
+        .arg(format!("docker://{from}"))
+        .arg(format!("docker://{to}"))
+        .status()
+        .expect("skopeo");
+    assert!(status.success(), "skopeo copy {from} {to}");
+}
+
+/// Limits generous enough that a loaded machine (CI runs test binaries at once) decides nothing
+/// by time, in the order the docs give them (budget < `--policy-timeout` - 1 s <
+/// `timeoutSeconds`): time is scenario d's subject, and the budget's is `tests/distance.rs`'s.
+const LOOKUP_BUDGET_MS: u64 = 8_000;
+const POLICY_TIMEOUT_SECONDS: u64 = 10;
+const WEBHOOK_TIMEOUT_SECONDS: u32 = 15;
+
+/// A policy-server's options: plain-HTTP `sources`, the generous evaluation timeout.
+fn options(sources: &str) -> PolicyServerOptions<'_> {
+    PolicyServerOptions {
+        sources: Some(sources),
+        policy_timeout: Some(POLICY_TIMEOUT_SECONDS),
+        ..PolicyServerOptions::default()
+    }
+}
+
+fn swapper(tools: &RealTools) -> PathBuf {
+    tools.annotated_policy()
+}
+
+/// a, b, c: a Pod swapped and pinned with its original recorded; a Pod whose image the mirror
+/// lacks kept, with its record and a warning; the record's copy made as the fill job makes it,
+/// and the next Pod of that image swapped, nothing restarted (policy-server keeps no failure);
+/// the filled record dropped by the fill job's patch, and put back when anyone else drops it.
+#[test]
+fn swapped_kept_with_its_record_then_swapped_once_the_mirror_is_filled() {
+    let Some(tools) = RealTools::find("real_chain::swapped_kept_with_its_record") else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    let registries = Registries::start("chain-swap");
+    let web = Image::new("chain web", "linux/amd64");
+    let web_digest = web.push(&registries.source, "org/web", Some("1"));
+    web.push(&registries.mirror, "cache/org/web", Some("1"));
+    let api = Image::new("chain api", "linux/amd64");
+    let api_digest = api.push(&registries.source, "org/api", Some("1"));
+    let sources = registries.sources();
+    let mut settings = registries.settings();
+    settings["fillJobUsernames"] = json!([FILL_JOB]);
+    let server = PolicyServer::start(
+        &tools,
+        &chain::policies_yml(
+            &tools,
+            &[Entry::new("image-swapper", &swapper(&tools), settings)],
+        ),
+        options(&sources),
+    );
+    chain::namespaces(&plane, &["swap"]);
+    // The fill job's identity may read and patch the namespace's Pods (deploy/ grants it
+    // cluster-wide); admin acts as it with `--as`.
+    let role = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "fill-mirror", "namespace": "swap"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "fill-mirror", "namespace": "swap"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "fill-mirror"},
+            "subjects": [{"kind": "ServiceAccount", "name": "fill-mirror", "namespace": "kubewarden"}]},
+    ]});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&role.to_string()));
+    Webhook {
+        name: "clusterwide-image-swapper.swap",
+        server: &server,
+        policy: "image-swapper",
+        namespaces: &["swap"],
+        failure_policy: "Fail",
+        timeout_seconds: WEBHOOK_TIMEOUT_SECONDS,
+    }
+    .install(&plane);
+
+    // a. Swapped and pinned to the digest the mirror holds, the original recorded, no warning.
+    let web_image = registries.image("org/web", "1");
+    let swapped = apply(&plane, &pod("swap", "web", &web_image));
+    assert_eq!(
+        swapped.image(0),
+        registries.mirror_image("org/web", "1", &web_digest),
+        "{swapped:?}"
+    );
+    assert_eq!(
+        swapped.json_annotation(ORIGINAL_IMAGES),
+        Some(json!({"web": web_image})),
+        "original recorded"
+    );
+    assert!(swapped.warnings.is_empty(), "{:?}", swapped.warnings);
+    assert_eq!(swapped.label(UNMIRRORED), None);
+
+    // b. The mirror lacks it: kept as written, the Pod labelled, the record naming the source,
+    // the mirror image wanted and the copy; kubectl prints why.
+    let api_image = registries.image("org/api", "1");
+    let kept = apply(&plane, &pod("swap", "api", &api_image));
+    assert_eq!(kept.image(0), api_image, "kept");
+    assert_eq!(kept.label(UNMIRRORED), Some("true"), "{kept:?}");
+    let record = kept.json_annotation(UNMIRRORED_IMAGES).expect("the record");
+    let wanted = format!("{}/cache/org/api:1", registries.mirror.host);
+    assert_eq!(record["web"]["source"], json!(api_image), "{record}");
+    assert_eq!(record["web"]["mirror"], json!(wanted), "{record}");
+    assert!(
+        record["web"]["copy"]
+            .as_str()
+            .is_some_and(|copy| copy.contains("skopeo copy")),
+        "{record}"
+    );
+    assert!(
+        kept.warned(&format!("image \"{api_image}\": kept")) && kept.warned(&wanted),
+        "{:?}",
+        kept.warnings
+    );
+    assert_eq!(kept.annotation(ORIGINAL_IMAGES), None, "nothing swapped");
+
+    // c. The fill job's copy, from the record's source to the record's mirror image; the next
+    // Pod of that image is swapped at once, with no restart of anything.
+    skopeo_copy(
+        record["web"]["source"].as_str().expect("source"),
+        record["web"]["mirror"].as_str().expect("mirror"),
+    );
+    let filled = apply(&plane, &pod("swap", "api-2", &api_image));
+    assert_eq!(
+        filled.image(0),
+        registries.mirror_image("org/api", "1", &api_digest),
+        "{filled:?}"
+    );
+    assert_eq!(filled.label(UNMIRRORED), None);
+    assert!(filled.warnings.is_empty(), "{:?}", filled.warnings);
+
+    // The filled record dropped with the fill job's patch (a `test` of the record it read,
+    // then the annotation and the label removed): from anyone else the policy puts it back;
+    // from the fill job's identity it goes.
+    let drop_record = json!([
+        {"op": "test", "path": format!("/metadata/annotations/{}", UNMIRRORED_IMAGES.replace('/', "~1")),
+            "value": kept.annotation(UNMIRRORED_IMAGES)},
+        {"op": "remove", "path": format!("/metadata/annotations/{}", UNMIRRORED_IMAGES.replace('/', "~1"))},
+        {"op": "remove", "path": format!("/metadata/labels/{}", UNMIRRORED.replace('/', "~1"))},
+    ])
+    .to_string();
+    for (who, impersonate) in [("admin", None), ("the fill job", Some(FILL_JOB))] {
+        let mut args = vec![
+            "patch",
+            "pod",
+            "-n",
+            "swap",
+            "api",
+            "--type=json",
+            "-p",
+            &drop_record,
+        ];
+        let as_fill_job = impersonate.map(|user| format!("--as={user}"));
+        args.extend(as_fill_job.as_deref());
+        plane.kubectl_ok(&args, None);
+        let stored = plane.get_json(&["pod", "-n", "swap", "api"]);
+        let record = &stored["metadata"]["annotations"][UNMIRRORED_IMAGES];
+        let label = &stored["metadata"]["labels"][UNMIRRORED];
+        if impersonate.is_none() {
+            assert_eq!(
+                record.as_str(),
+                kept.annotation(UNMIRRORED_IMAGES),
+                "{who}: put back"
+            );
+            assert_eq!(label, "true", "{who}: put back");
+        } else {
+            assert!(
+                record.is_null() && label.is_null(),
+                "{who}: dropped: {stored}"
+            );
+        }
+        assert_eq!(
+            chain::image_of(&stored, 0),
+            api_image,
+            "{who}: the image untouched"
+        );
+    }
+}
+
+/// The username the API server gives the fill job of `deploy/` (its ServiceAccount).
+const FILL_JOB: &str = "system:serviceaccount:kubewarden:fill-mirror";
+
+/// d. A mirror that hangs (accepts, never answers) is contained as the docs advise: the policy
+/// on a policy-server of its own, its webhook `failurePolicy: Ignore` with `timeoutSeconds: 3`.
+/// Its Pod is admitted unchanged once the API server gives up; a Pod for the policy on another
+/// policy-server is swapped while that admission still waits; and a second policy on the hung
+/// policy-server, whose mirror is healthy, waits out its timeout too (the host's lookup lock is
+/// process-wide), which is why the hanging one needs a policy-server of its own.
+#[test]
+fn a_hung_registry_is_contained_by_a_policy_server_of_its_own() {
+    let Some(tools) = RealTools::find("real_chain::a_hung_registry_is_contained") else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    let registries = Registries::start("chain-hang");
+    let web = Image::new("chain hang web", "linux/amd64");
+    let web_digest = web.push(&registries.source, "org/web", Some("1"));
+    web.push(&registries.mirror, "cache/org/web", Some("1"));
+    // Longer than the whole test: the hung lookup holds its policy-server until it is dropped.
+    let hanging = HangingRegistry::start(Duration::from_secs(120)).expect("hanging registry");
+    let hung_settings = json!({"mirrors": [{"source": registries.source.host,
+        "target": format!("{}/cache", hanging.host)}]});
+    let sources = chain::insecure_sources(&[
+        &registries.source.host,
+        &registries.mirror.host,
+        &hanging.host,
+    ]);
+    let module = swapper(&tools);
+    let (hung_server, healthy_server) = std::thread::scope(|scope| {
+        let hung = scope.spawn(|| {
+            PolicyServer::start(
+                &tools,
+                &chain::policies_yml(
+                    &tools,
+                    &[
+                        Entry::new("image-swapper-hung", &module, hung_settings.clone()),
+                        Entry::new("neighbour", &module, registries.settings()),
+                    ],
+                ),
+                options(&sources),
+            )
+        });
+        let healthy = scope.spawn(|| {
+            PolicyServer::start(
+                &tools,
+                &chain::policies_yml(
+                    &tools,
+                    &[Entry::new("image-swapper", &module, registries.settings())],
+                ),
+                options(&sources),
+            )
+        });
+        (
+            hung.join().expect("hung policy-server"),
+            healthy.join().expect("healthy policy-server"),
+        )
+    });
+    chain::namespaces(&plane, &["hang", "hang-neighbour", "hang-healthy"]);
+    // The hung policy and its neighbour on one policy-server, as the docs advise for the
+    // hung one (`Ignore`, a few seconds); the healthy one on its own.
+    for (name, server, policy, namespace, failure_policy, timeout_seconds) in [
+        (
+            "clusterwide-image-swapper-hung",
+            &hung_server,
+            "image-swapper-hung",
+            "hang",
+            "Ignore",
+            HUNG_TIMEOUT_SECONDS,
+        ),
+        (
+            "clusterwide-neighbour",
+            &hung_server,
+            "neighbour",
+            "hang-neighbour",
+            "Ignore",
+            HUNG_TIMEOUT_SECONDS,
+        ),
+        (
+            "clusterwide-image-swapper.hang-healthy",
+            &healthy_server,
+            "image-swapper",
+            "hang-healthy",
+            "Fail",
+            WEBHOOK_TIMEOUT_SECONDS,
+        ),
+    ] {
+        Webhook {
+            name,
+            server,
+            policy,
+            namespaces: &[namespace],
+            failure_policy,
+            timeout_seconds,
+        }
+        .install(&plane);
+    }
+
+    let image = registries.image("org/web", "1");
+    let hung_pod = pod("hang", "web", &image);
+    let in_flight = std::thread::scope(|scope| {
+        let hung = scope.spawn(|| apply(&plane, &hung_pod));
+        // The hung policy's lookup has reached the hanging mirror.
+        let started = Instant::now();
+        while hanging.connections() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no lookup reached the hanging mirror:\n{}",
+                hung_server.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let healthy = apply(&plane, &pod("hang-healthy", "web", &image));
+        let neighbour = apply(&plane, &pod("hang-neighbour", "web", &image));
+        (hung.join().expect("hung apply"), healthy, neighbour)
+    });
+    let (hung, healthy, neighbour) = in_flight;
+    println!(
+        "hung: {:?}, healthy policy-server: {:?}, neighbour on the hung policy-server: {:?}",
+        hung.took, healthy.took, neighbour.took
+    );
+    // The other policy-server looked the image up and swapped it while the hung lookup held
+    // its own policy-server (the neighbour, asked after it, still waited on that lookup).
+    assert_eq!(
+        healthy.image(0),
+        registries.mirror_image("org/web", "1", &web_digest),
+        "{healthy:?}"
+    );
+    // The API server gave up on both policies of the hung policy-server after their
+    // `timeoutSeconds` and admitted the Pods as written (`Ignore`): nothing of the policy's.
+    for (what, applied) in [("hung", &hung), ("neighbour", &neighbour)] {
+        assert_eq!(applied.image(0), image, "{what}: {applied:?}");
+        assert_eq!(applied.annotation(ORIGINAL_IMAGES), None, "{what}");
+        assert_eq!(applied.label(UNMIRRORED), None, "{what}");
+        assert!(
+            applied.warnings.is_empty(),
+            "{what}: {:?}",
+            applied.warnings
+        );
+        assert!(
+            applied.took >= Duration::from_secs(HUNG_TIMEOUT_SECONDS.into()),
+            "{what}: admitted after {:?}, before the webhook's timeout: not the API server's \
+             timeout but an answer",
+            applied.took
+        );
+    }
+}
+
+/// The webhook timeout of the hung registry's scenario.
+const HUNG_TIMEOUT_SECONDS: u32 = 3;
+
+/// Images for the signature scenarios: at the source, `org/app:signed` (signed as `cosign sign
+/// --key` signs it), `org/app:unsigned` and `platform/base:unsigned`; the mirror holds copies
+/// of all three at the same digests, and the signed one's signature.
+struct SignedImages {
+    registries: Registries,
+    signer: Signer,
+    signed: String,
+    unsigned: String,
+}
+
+impl SignedImages {
+    fn start(name: &str) -> SignedImages {
+        let registries = Registries::start(name);
+        let signer = Signer::generate();
+        let mut digests = Vec::new();
+        for (repository, tag) in [
+            ("org/app", "signed"),
+            ("org/app", "unsigned"),
+            ("platform/base", "unsigned"),
+        ] {
+            let image = Image::new(&format!("{name} {repository} {tag}"), "linux/amd64");
+            digests.push(image.push(&registries.source, repository, Some(tag)));
+            image.push(
+                &registries.mirror,
+                &format!("cache/{repository}"),
+                Some(tag),
+            );
+        }
+        signer.sign(&registries.source, "org/app", &digests[0], &[]);
+        let signature = signature_tag(&digests[0]);
+        skopeo_copy(
+            &format!("{}/org/app:{signature}", registries.source.host),
+            &format!("{}/cache/org/app:{signature}", registries.mirror.host),
+        );
+        SignedImages {
+            registries,
+            signer,
+            signed: digests[0].clone(),
+            unsigned: digests[1].clone(),
+        }
+    }
+
+    /// verify-image-signatures' rule for `pattern` with the signer's key.
+    fn rule(&self, pattern: &str) -> Value {
+        json!({"image": pattern, "pubKeys": [self.signer.public_pem]})
+    }
+
+    /// A validating verify-image-signatures policy object whose rules cover `repositories`
+    /// (globs under the source registry).
+    fn verifier(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        repositories: &str,
+    ) -> Value {
+        chain::kubewarden_policy(
+            kind,
+            namespace,
+            name,
+            VERIFIER_MODULE,
+            false,
+            json!({"signatures": [self.rule(&format!("{}/{repositories}", self.registries.source.host))],
+                "modifyImagesWithDigest": false}),
+        )
+    }
+}
+
+/// Where an operator's verify-image-signatures comes from (the `verifiers` glob matches it).
+const VERIFIER_MODULE: &str =
+    "registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11";
+
+/// The RBAC a PolicyServer's ServiceAccount has on Kubewarden's policy kinds, in scenario e.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Grant {
+    GetListWatch,
+    GetList,
+    Nothing,
+}
+
+impl Grant {
+    fn verbs(self) -> &'static [&'static str] {
+        match self {
+            Grant::GetListWatch => &["get", "list", "watch"],
+            Grant::GetList => &["get", "list"],
+            Grant::Nothing => &[],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Grant::GetListWatch => "watch",
+            Grant::GetList => "nowatch",
+            Grant::Nothing => "none",
+        }
+    }
+
+    fn namespace(self, which: &str) -> String {
+        format!("verifiers-{}-{which}", self.name())
+    }
+}
+
+/// e. `verifiers` read from real ClusterAdmissionPolicy and AdmissionPolicy objects through
+/// policy-server's Kubernetes capability, as its ServiceAccount's RBAC allows. The cluster holds
+/// a cluster-wide verifier over `platform/*` and, in each `team` namespace, a namespaced one
+/// over `org/*`; three policy-servers run the same policy, their ServiceAccounts granted `get`,
+/// `list` and `watch` on the policy kinds, only `get` and `list`, or nothing:
+/// - with the three verbs, an image a verifier covers is swapped only when it verifies (the
+///   signed one, at its digest), kept otherwise, and elsewhere swapped as without `verifiers`;
+///   a verifier created later is honoured at once;
+/// - without `watch`, the same at first, but a verifier created after the host's first list of
+///   its kind (for a namespaced one, in its namespace: the host keeps one reflector per kind and
+///   namespace, built at the first list) is never seen: the unsigned image it covers is swapped
+///   to the mirror, where the server with `watch` keeps it;
+/// - with nothing, the policy's list never returns: the admission waits out the webhook's
+///   `timeoutSeconds` and the API server admits the Pod as written (`failurePolicy: Ignore`).
+#[test]
+fn verifiers_are_read_from_real_policies_as_the_policy_servers_rbac_allows() {
+    let Some(tools) = RealTools::find("real_chain::verifiers_are_read_from_real_policies") else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    chain::kubewarden_crds(&plane);
+    let images = SignedImages::start("chain-verifiers");
+    let registries = &images.registries;
+    let grants = [Grant::GetListWatch, Grant::GetList, Grant::Nothing];
+    let mut namespaces = Vec::new();
+    for grant in grants {
+        for which in ["team", "other", "late"] {
+            namespaces.push(grant.namespace(which));
+        }
+    }
+    chain::namespaces(
+        &plane,
+        &namespaces.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let mut objects = vec![images.verifier(
+        "ClusterAdmissionPolicy",
+        None,
+        "verify-platform-images",
+        "platform/*",
+    )];
+    for grant in grants {
+        objects.push(images.verifier(
+            "AdmissionPolicy",
+            Some(&grant.namespace("team")),
+            "verify-image-signatures",
+            "org/*",
+        ));
+    }
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&list.to_string()));
+
+    let mut settings = registries.settings();
+    settings["verifiers"] = json!([{"module": "*/verify-image-signatures:*"}]);
+    let module = swapper(&tools);
+    let sources = registries.sources();
+    let policies = chain::policies_yml(
+        &tools,
+        &[Entry::new("image-swapper", &module, settings).reading_policies()],
+    );
+    let kubeconfigs: Vec<PathBuf> = grants
+        .iter()
+        .map(|grant| {
+            chain::service_account_kubeconfig(
+                &plane,
+                "kubewarden",
+                &format!("policy-server-{}", grant.name()),
+                grant.verbs(),
+            )
+        })
+        .collect();
+    let servers: Vec<PolicyServer> = std::thread::scope(|scope| {
+        let starting: Vec<_> = kubeconfigs
+            .iter()
+            .map(|kubeconfig| {
+                let (policies, sources) = (&policies, &sources);
+                let tools = &tools;
+                scope.spawn(move || {
+                    PolicyServer::start(
+                        tools,
+                        policies,
+                        PolicyServerOptions {
+                            kubeconfig: Some(kubeconfig),
+                            ..options(sources)
+                        },
+                    )
+                })
+            })
+            .collect();
+        starting
+            .into_iter()
+            .map(|s| s.join().expect("policy-server"))
+            .collect()
+    });
+    for (grant, server) in grants.iter().zip(&servers) {
+        let name = format!("clusterwide-image-swapper-{}", grant.name());
+        let served: Vec<String> = ["team", "other", "late"]
+            .iter()
+            .map(|which| grant.namespace(which))
+            .collect();
+        Webhook {
+            name: &name,
+            server,
+            policy: "image-swapper",
+            namespaces: &served.iter().map(String::as_str).collect::<Vec<_>>(),
+            failure_policy: "Ignore",
+            timeout_seconds: if *grant == Grant::Nothing {
+                HUNG_TIMEOUT_SECONDS
+            } else {
+                WEBHOOK_TIMEOUT_SECONDS
+            },
+        }
+        .install(&plane);
+    }
+
+    let unsigned = registries.image("org/app", "unsigned");
+    let signed = registries.image("org/app", "signed");
+    let base = registries.image("platform/base", "unsigned");
+    for (grant, server) in grants.iter().zip(&servers).take(2) {
+        let (team, other) = (grant.namespace("team"), grant.namespace("other"));
+        let kept = apply(&plane, &pod(&team, "unsigned", &unsigned));
+        assert_eq!(
+            kept.image(0),
+            unsigned,
+            "{grant:?}: covered by the team's verifier, unsigned: kept\n{}",
+            server.log()
+        );
+        assert!(
+            kept.warned(&format!("image \"{unsigned}\": kept")),
+            "{grant:?}: {:?}",
+            kept.warnings
+        );
+        assert_eq!(
+            apply(&plane, &pod(&team, "signed", &signed)).image(0),
+            registries.mirror_image("org/app", "signed", &images.signed),
+            "{grant:?}: signed, its signature in the mirror: swapped at the verified digest"
+        );
+        assert_eq!(
+            apply(&plane, &pod(&other, "unsigned", &unsigned)).image(0),
+            registries.mirror_image("org/app", "unsigned", &images.unsigned),
+            "{grant:?}: no verifier covers it in {other}: swapped as without verifiers"
+        );
+        let base_kept = apply(&plane, &pod(&other, "base", &base));
+        assert_eq!(
+            base_kept.image(0),
+            base,
+            "{grant:?}: the cluster-wide verifier covers it: kept"
+        );
+        assert!(
+            base_kept.warned(&format!("image \"{base}\": kept")),
+            "{grant:?}: {:?}",
+            base_kept.warnings
+        );
+    }
+
+    // Nothing granted: the list never returns; the API server gives up and admits as written
+    // an image that would otherwise be swapped.
+    let none = &servers[2];
+    let waited = apply(
+        &plane,
+        &pod(&Grant::Nothing.namespace("other"), "unsigned", &unsigned),
+    );
+    println!(
+        "nothing granted: admitted after {:?}\npolicy-server:\n{}",
+        waited.took,
+        none.log()
+    );
+    assert_eq!(waited.image(0), unsigned, "{waited:?}");
+    assert_eq!(waited.annotation(ORIGINAL_IMAGES), None);
+    assert!(waited.warnings.is_empty(), "{:?}", waited.warnings);
+    assert!(
+        waited.took >= Duration::from_secs(HUNG_TIMEOUT_SECONDS.into()),
+        "admitted after {:?}: an answer, not the webhook's timeout",
+        waited.took
+    );
+
+    // Each `late` namespace's first admission, before any verifier covers it there: swapped.
+    // The host has now listed that namespace's AdmissionPolicies (one reflector per kind and
+    // namespace, built at its first list) and the cluster-wide policies.
+    for grant in &grants[..2] {
+        assert_eq!(
+            apply(&plane, &pod(&grant.namespace("late"), "before", &unsigned)).image(0),
+            registries.mirror_image("org/app", "unsigned", &images.unsigned),
+            "{grant:?}: no verifier in late yet"
+        );
+    }
+    // Verifiers created now: one in each `late` namespace, and a cluster-wide one over
+    // `org/*`, which covers the `other` namespaces too.
+    let mut created: Vec<Value> = grants[..2]
+        .iter()
+        .map(|grant| {
+            images.verifier(
+                "AdmissionPolicy",
+                Some(&grant.namespace("late")),
+                "verify-image-signatures",
+                "org/*",
+            )
+        })
+        .collect();
+    created.push(images.verifier("ClusterAdmissionPolicy", None, "verify-org-images", "org/*"));
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": created});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&list.to_string()));
+    for which in ["late", "other"] {
+        // With `watch`, the policy-server's store has them within moments: kept.
+        let namespace = Grant::GetListWatch.namespace(which);
+        let started = Instant::now();
+        let watched = loop {
+            let answered = chain::dry_run(&plane, &pod(&namespace, "after", &unsigned));
+            if answered.image(0) == unsigned {
+                break answered;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "with watch, the new verifier over {namespace} was not seen within 30 s: \
+                 {answered:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            watched.warned(&format!("image \"{unsigned}\": kept")),
+            "{:?}",
+            watched.warnings
+        );
+        // Without `watch`, after the server with `watch` has seen them: never seen, swapped
+        // to the mirror as before they existed.
+        let stale = apply(
+            &plane,
+            &pod(&Grant::GetList.namespace(which), "after", &unsigned),
+        );
+        assert_eq!(
+            stale.image(0),
+            registries.mirror_image("org/app", "unsigned", &images.unsigned),
+            "without watch, a verifier created after the first list of {which}: {stale:?}"
+        );
+    }
+}
+
+/// f. The real verify-image-signatures 1.0.11 chained with the swapper in both orders, as the
+/// API server orders mutating webhooks (by configuration name: `clusterwide-image-swapper`
+/// before `clusterwide-verify-image-signatures`, and 1.37.2's `kw.ap.<ns>.verify-image-signatures`
+/// before `kw.cap.image-swapper`), its rules on the sources or on every image, the swapper
+/// with the same rule in `signatures`: every image admitted or refused as by the verifier alone
+/// (the unsigned one refused by the verifier, the signed one admitted at the digest the
+/// verifier alone pins, from the mirror).
+#[test]
+fn the_real_verifier_chained_in_both_orders_decides_as_alone() {
+    let Some(tools) = RealTools::find("real_chain::the_real_verifier_chained_in_both_orders")
+    else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    let images = SignedImages::start("chain-verifier");
+    let registries = &images.registries;
+    let by_source = images.rule(&format!("{}/org/*", registries.source.host));
+    let mut swapper_settings = registries.settings();
+    swapper_settings["signatures"] = json!([by_source]);
+    let verifier_module = tools.bin("verify-image-signatures.wasm");
+    let sources = registries.sources();
+    let server = PolicyServer::start(
+        &tools,
+        &chain::policies_yml(
+            &tools,
+            &[
+                Entry::new("image-swapper", &swapper(&tools), swapper_settings),
+                Entry::new(
+                    "verifier-sources",
+                    &verifier_module,
+                    json!({"signatures": [by_source]}),
+                ),
+                Entry::new(
+                    "verifier-all",
+                    &verifier_module,
+                    json!({"signatures": [images.rule("*")]}),
+                ),
+            ],
+        ),
+        options(&sources),
+    );
+    // (namespace, the configurations' names and policies in the order the API server calls them)
+    let chains: [(&str, &[(&str, &str)]); 6] = [
+        (
+            "alone-sources",
+            &[("clusterwide-verify-image-signatures", "verifier-sources")],
+        ),
+        (
+            "alone-all",
+            &[("clusterwide-verify-image-signatures", "verifier-all")],
+        ),
+        (
+            "swapper-first-sources",
+            &[
+                ("clusterwide-image-swapper", "image-swapper"),
+                ("clusterwide-verify-image-signatures", "verifier-sources"),
+            ],
+        ),
+        (
+            "swapper-first-all",
+            &[
+                ("clusterwide-image-swapper", "image-swapper"),
+                ("clusterwide-verify-image-signatures", "verifier-all"),
+            ],
+        ),
+        (
+            "verifier-first-sources",
+            &[
+                (
+                    "kw.ap.verifier-first-sources.verify-image-signatures",
+                    "verifier-sources",
+                ),
+                ("kw.cap.image-swapper", "image-swapper"),
+            ],
+        ),
+        (
+            "verifier-first-all",
+            &[
+                (
+                    "kw.ap.verifier-first-all.verify-image-signatures",
+                    "verifier-all",
+                ),
+                ("kw.cap.image-swapper", "image-swapper"),
+            ],
+        ),
+    ];
+    chain::namespaces(&plane, &chains.map(|(namespace, _)| namespace));
+    for (namespace, webhooks) in &chains {
+        let names: Vec<String> = webhooks
+            .iter()
+            .map(|(name, _)| format!("{name}.{namespace}"))
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(sorted, names, "the API server calls them in this order");
+        for ((_, policy), name) in webhooks.iter().zip(&names) {
+            Webhook {
+                name,
+                server: &server,
+                policy,
+                namespaces: &[namespace],
+                failure_policy: "Fail",
+                timeout_seconds: WEBHOOK_TIMEOUT_SECONDS,
+            }
+            .install(&plane);
+        }
+    }
+
+    let unsigned = registries.image("org/app", "unsigned");
+    let signed = registries.image("org/app", "signed");
+    let mut table = Vec::new();
+    for rules in ["sources", "all"] {
+        let alone_namespace = format!("alone-{rules}");
+        for (tag, image) in [("unsigned", &unsigned), ("signed", &signed)] {
+            let alone = apply(&plane, &pod(&alone_namespace, tag, image));
+            for order in ["swapper-first", "verifier-first"] {
+                let namespace = format!("{order}-{rules}");
+                let chained = apply(&plane, &pod(&namespace, tag, image));
+                table.push(format!(
+                    "{namespace} {tag}: alone {}, chained {}",
+                    outcome(&alone),
+                    outcome(&chained)
+                ));
+                match (&alone.stored, &chained.stored) {
+                    (None, None) => {
+                        for applied in [&alone, &chained] {
+                            assert!(
+                                applied.refused.as_deref().is_some_and(|refusal| refusal
+                                    .contains(&format!("admission webhook \"verifier-{rules}.kubewarden.admission\" denied the request"))),
+                                "{namespace} {tag}: refused by the verifier: {applied:?}"
+                            );
+                        }
+                    }
+                    (Some(_), Some(_)) => {
+                        assert_eq!(
+                            alone.image(0),
+                            format!("{signed}@{}", images.signed),
+                            "{namespace}: the verifier alone pins the signed image"
+                        );
+                        assert_eq!(
+                            chained.image(0),
+                            registries.mirror_image("org/app", "signed", &images.signed),
+                            "{namespace}: the same digest, from the mirror"
+                        );
+                    }
+                    _ => panic!("{namespace} {tag}: alone {alone:?}, chained {chained:?}"),
+                }
+            }
+        }
+    }
+    println!("{}", table.join("\n"));
+    assert_eq!(
+        table
+            .iter()
+            .filter(|row| row.contains("chained admitted"))
+            .count(),
+        4,
+        "the signed image in the four chains: {table:#?}"
+    );
+}
+
+fn outcome(applied: &chain::Applied) -> &'static str {
+    if applied.stored.is_some() {
+        "admitted"
+    } else {
+        "refused"
+    }
+}
