@@ -40,11 +40,19 @@ impl RealTools {
                 PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                     .join(".cache/image-swapper-tools")
             });
-        let missing: Vec<&str> = NEEDED
+        let mut missing: Vec<&str> = NEEDED
             .iter()
             .copied()
             .filter(|name| !dir.join("bin").join(name).exists())
             .collect();
+        // The control plane's client: kubectl on PATH (`scripts/ensure-packages.sh kubectl`).
+        let kubectl = Command::new("kubectl")
+            .args(["version", "--client"])
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if !kubectl {
+            missing.push("kubectl (on PATH)");
+        }
         if missing.is_empty() {
             return Some(RealTools { dir });
         }
@@ -511,30 +519,6 @@ impl Drop for PolicyServer {
 }
 
 impl RealTools {
-    /// The built `policy.wasm` annotated by this kwctl with metadata.yml and README.md, as
-    /// `make annotated-policy.wasm` does, in a file of this test binary's own.
-    pub fn annotated_policy(&self) -> PathBuf {
-        static ANNOTATED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-        ANNOTATED
-            .get_or_init(|| {
-                let _ = super::policy(); // refuses a policy.wasm older than src/
-                let out = scratch_dir("annotated").join("annotated-policy.wasm");
-                let output = Command::new(self.bin("kwctl"))
-                    .args(["annotate", "--metadata-path"])
-                    .arg(super::root().join("metadata.yml"))
-                    .arg("--usage-path")
-                    .arg(super::root().join("README.md"))
-                    .arg("--output-path")
-                    .arg(&out)
-                    .arg(super::root().join("policy.wasm"))
-                    .output()
-                    .expect("kwctl annotate");
-                assert!(output.status.success(), "kwctl annotate: {output:?}");
-                out
-            })
-            .clone()
-    }
-
     /// `kwctl run` of `module` on `request` with `settings`, offline (Sigstore's root from a
     /// file), with `extra` arguments and `env` in its environment (`KUBECONFIG`): kwctl's
     /// AdmissionResponse, and its standard error.
