@@ -1,0 +1,206 @@
+//! `fill-mirror watch` against a real kube-apiserver (etcd and kube-apiserver from the real
+//! tools, on loopback), real registries on loopback and skopeo: a Pod created with the record
+//! admission writes is filled and marked; `fill_mirror_missing_images` rises while the mirror
+//! lacks the image and falls when the copy lands; the watch goes on across an API server
+//! restart.
+
+mod rig;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use rig::images::Image;
+use rig::plane::{ControlPlane, find_tools};
+use rig::registry::TestRegistry;
+use rig::{fill_mirror, policy, recorded_pod, settings};
+use serde_json::Value;
+
+const LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
+
+/// The running watch, killed on drop.
+struct Watch {
+    child: Child,
+    port: u16,
+    agent: ureq::Agent,
+}
+
+impl Watch {
+    fn start(plane: &ControlPlane) -> Watch {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let child = fill_mirror()
+            .args(["watch", "--insecure", "--retry", "1", "--log-format", "text"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start fill-mirror watch");
+        Watch {
+            child,
+            port,
+            agent: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(5))
+                .build(),
+        }
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        let url = format!("http://127.0.0.1:{}{path}", self.port);
+        match self.agent.get(&url).call() {
+            Ok(response) => Some((response.status(), response.into_string().ok()?)),
+            Err(ureq::Error::Status(code, response)) => {
+                Some((code, response.into_string().unwrap_or_default()))
+            }
+            Err(ureq::Error::Transport(_)) => None,
+        }
+    }
+
+    /// The value of the sample `series` (name and labels, as the exposition writes them).
+    fn metric(&self, series: &str) -> Option<f64> {
+        let (_, text) = self.get("/metrics")?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for `condition` up to `seconds`; says whether it held.
+fn eventually(seconds: u64, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    condition()
+}
+
+fn pod(plane: &ControlPlane, name: &str) -> Value {
+    plane.get_json(&["pod", "-n", "default", name])
+}
+
+fn recorded(pod: &Value) -> bool {
+    pod.pointer("/metadata/labels")
+        .and_then(|labels| labels.get(LABEL))
+        .is_some()
+        || pod
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get("image-swapper.kubewarden.io/unmirrored-images"))
+            .is_some()
+}
+
+struct Cluster {
+    plane: ControlPlane,
+    source: TestRegistry,
+    mirror: TestRegistry,
+    policy: image_swapper_policy::policy::Policy,
+}
+
+fn cluster(test: &str) -> Option<Cluster> {
+    let tools = find_tools(test)?;
+    let plane = ControlPlane::start(tools);
+    let source = TestRegistry::start(&format!("{test}-src")).expect("source registry");
+    let mirror = TestRegistry::start(&format!("{test}-mirror")).expect("mirror registry");
+    let settings = settings(&source.host, &mirror.host);
+    plane.install_policy_crd();
+    plane.apply_swapping_policy("image-swapper", &settings);
+    Some(Cluster {
+        policy: policy(&settings),
+        plane,
+        source,
+        mirror,
+    })
+}
+
+impl Cluster {
+    /// Creates Pod `name` running `repository:1` from the source, with the record admission
+    /// writes when the mirror lacks it.
+    fn create_pod(&self, name: &str, repository: &str) {
+        let image = format!("{}/{repository}:1", self.source.host);
+        let pod = recorded_pod(name, &[&image], &[&image], &self.policy);
+        assert_eq!(
+            pod.pointer("/metadata/labels").and_then(|l| l.get(LABEL)),
+            Some(&Value::from("true")),
+            "{pod}"
+        );
+        self.plane
+            .kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
+    }
+}
+
+#[test]
+fn a_recorded_pod_is_filled_and_marked_and_the_missing_gauge_rises_then_falls() {
+    let Some(mut cluster) = cluster("fill-watch") else {
+        return;
+    };
+    let digest = Image::new("web", "linux/amd64").push(&cluster.source, "app/web", Some("1"));
+    // The mirror down: the copy cannot land, and the image stays missing.
+    cluster.mirror.stop();
+    let watch = Watch::start(&cluster.plane);
+    assert!(
+        eventually(30, || watch.get("/readyz").is_some_and(|(code, _)| code == 200)),
+        "not ready: {:?}",
+        watch.get("/readyz")
+    );
+    cluster.create_pod("web", "app/web");
+    let missing = format!("fill_mirror_missing_images{{registry=\"{}\"}}", cluster.mirror.host);
+    assert!(
+        eventually(30, || watch.metric(&missing) == Some(1.0)),
+        "{missing} is {:?}",
+        watch.metric(&missing)
+    );
+    assert!(recorded(&pod(&cluster.plane, "web")));
+
+    cluster.mirror.resume().expect("the mirror back");
+    assert!(
+        eventually(60, || !recorded(&pod(&cluster.plane, "web"))),
+        "still recorded: {}",
+        pod(&cluster.plane, "web")
+    );
+    assert_eq!(cluster.mirror.digest_of("hub/app/web", "1"), Some(digest));
+    assert!(
+        eventually(10, || watch.metric(&missing) == Some(0.0)),
+        "{missing} is {:?}",
+        watch.metric(&missing)
+    );
+    assert_eq!(
+        watch.metric("fill_mirror_copies_total{result=\"copied\"}"),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn the_watch_goes_on_across_an_api_server_restart() {
+    let Some(cluster) = cluster("fill-restart") else {
+        return;
+    };
+    Image::new("one", "linux/amd64").push(&cluster.source, "app/one", Some("1"));
+    let two = Image::new("two", "linux/amd64").push(&cluster.source, "app/two", Some("1"));
+    let watch = Watch::start(&cluster.plane);
+    cluster.create_pod("one", "app/one");
+    assert!(
+        eventually(60, || !recorded(&pod(&cluster.plane, "one"))),
+        "one still recorded"
+    );
+
+    cluster.plane.restart();
+    cluster.create_pod("two", "app/two");
+
+    assert!(
+        eventually(90, || !recorded(&pod(&cluster.plane, "two"))),
+        "two still recorded after the restart: {}",
+        pod(&cluster.plane, "two")
+    );
+    assert_eq!(cluster.mirror.digest_of("hub/app/two", "1"), Some(two));
+    drop(watch);
+}
