@@ -449,7 +449,7 @@ mod tests {
         let b = copy("b.io/z:1", "m.io/z:1");
         board.pod_seen("ns/p", record(&[("a1", a1.clone())]), None);
         let now = Instant::now();
-        assert_eq!(board.start(now, 4), [a1.clone()]);
+        assert_eq!(board.start(now, 4), std::slice::from_ref(&a1));
         let waited = board.finished(
             &a1,
             &Outcome::Throttled("429".into(), Some(Duration::from_secs(30))),

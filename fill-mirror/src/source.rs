@@ -96,7 +96,7 @@ pub async fn pods_from_cluster(client: &Client) -> anyhow::Result<Vec<Value>> {
 pub fn created(pod: &Value) -> Option<SystemTime> {
     let text = pod.pointer("/metadata/creationTimestamp")?.as_str()?;
     let time: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
-    SystemTime::try_from(time).ok()
+    Some(SystemTime::from(time))
 }
 
 /// Each Pod's record read against the policy: the records, and every note, each once.

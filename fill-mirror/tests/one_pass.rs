@@ -38,7 +38,10 @@ fn inputs(files: &Files, source: &str, mirror: &str, pods: &[(&str, &str)]) -> (
         .map(|(name, image)| recorded_pod(name, &[image], &[image], &policy))
         .collect();
     (
-        files.write("pods.json", &json!({"apiVersion": "v1", "kind": "List", "items": items})),
+        files.write(
+            "pods.json",
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        ),
         files.write("settings.json", &settings),
     )
 }
@@ -48,8 +51,18 @@ fn list_prints_each_copy_once_and_refuses_a_record_the_policy_did_not_write() {
     let files = Files::new();
     let settings = settings("src.example", "m.example");
     let policy = policy(&settings);
-    let own = recorded_pod("own", &["src.example/app/web:1"], &["src.example/app/web:1"], &policy);
-    let twin = recorded_pod("twin", &["src.example/app/web:1"], &["src.example/app/web:1"], &policy);
+    let own = recorded_pod(
+        "own",
+        &["src.example/app/web:1"],
+        &["src.example/app/web:1"],
+        &policy,
+    );
+    let twin = recorded_pod(
+        "twin",
+        &["src.example/app/web:1"],
+        &["src.example/app/web:1"],
+        &policy,
+    );
     let mut forged = own.clone();
     forged["metadata"]["name"] = json!("forged");
     forged["spec"]["containers"][0]["image"] = json!("src.example/app/db:1");
@@ -93,10 +106,22 @@ fn once_copies_a_multi_platform_image_once_with_every_digest() {
         &[("a", &image), ("b", &image), ("c", &image)],
     );
 
-    let output = run(&["once", "--insecure", "--pods", &pods, "--settings", &settings]);
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
 
     let stdout = text(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}{}", text(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
     assert!(
         stdout.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused"),
         "{stdout}"
@@ -124,7 +149,14 @@ fn once_leaves_an_existing_destination_as_it_is() {
     let files = Files::new();
     let (pods, settings) = inputs(&files, &source.host, &mirror.host, &[("a", &image)]);
 
-    let output = run(&["once", "--insecure", "--pods", &pods, "--settings", &settings]);
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
 
     let stdout = text(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
@@ -142,7 +174,14 @@ fn once_exits_0_for_a_gone_source_1_for_a_failed_copy_2_for_bad_settings() {
     let files = Files::new();
     let gone = format!("{}/app/none:1", source.host);
     let (pods, settings) = inputs(&files, &source.host, &mirror.host, &[("a", &gone)]);
-    let output = run(&["once", "--insecure", "--pods", &pods, "--settings", &settings]);
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
     let stdout = text(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("0 failed, 0 skipped, 1 gone"), "{stdout}");
@@ -150,7 +189,14 @@ fn once_exits_0_for_a_gone_source_1_for_a_failed_copy_2_for_bad_settings() {
     let image = format!("{}/app/web:1", source.host);
     let (pods, settings) = inputs(&files, &source.host, &mirror.host, &[("a", &image)]);
     mirror.stop();
-    let output = run(&["once", "--insecure", "--pods", &pods, "--settings", &settings]);
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
     let stdout = text(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("0 copied, 1 failed"), "{stdout}");
@@ -158,5 +204,9 @@ fn once_exits_0_for_a_gone_source_1_for_a_failed_copy_2_for_bad_settings() {
     let bad = files.write("bad.json", &json!({"mirrors": [{"source": "docker.io"}]}));
     let output = run(&["once", "--pods", &pods, "--settings", &bad]);
     assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
-    assert!(text(&output.stderr).contains("settings"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("settings"),
+        "{}",
+        text(&output.stderr)
+    );
 }

@@ -31,7 +31,14 @@ impl Watch {
             .map(|a| a.port())
             .expect("a free port");
         let child = fill_mirror()
-            .args(["watch", "--insecure", "--retry", "1", "--log-format", "text"])
+            .args([
+                "watch",
+                "--insecure",
+                "--retry",
+                "1",
+                "--log-format",
+                "text",
+            ])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", &plane.kubeconfig)
             .stdout(Stdio::null())
@@ -148,12 +155,17 @@ fn a_recorded_pod_is_filled_and_marked_and_the_missing_gauge_rises_then_falls() 
     cluster.mirror.stop();
     let watch = Watch::start(&cluster.plane);
     assert!(
-        eventually(30, || watch.get("/readyz").is_some_and(|(code, _)| code == 200)),
+        eventually(30, || watch
+            .get("/readyz")
+            .is_some_and(|(code, _)| code == 200)),
         "not ready: {:?}",
         watch.get("/readyz")
     );
     cluster.create_pod("web", "app/web");
-    let missing = format!("fill_mirror_missing_images{{registry=\"{}\"}}", cluster.mirror.host);
+    let missing = format!(
+        "fill_mirror_missing_images{{registry=\"{}\"}}",
+        cluster.mirror.host
+    );
     assert!(
         eventually(30, || watch.metric(&missing) == Some(1.0)),
         "{missing} is {:?}",
