@@ -114,6 +114,9 @@ impl Backoff {
 pub struct Board {
     copies: BTreeMap<String, CopyItem>,
     pods: BTreeMap<String, PodState>,
+    /// The copies of each workload template's images (`Kind/namespace/name`): filled ahead of
+    /// the first Pod.
+    templates: BTreeMap<String, Vec<Copy>>,
     /// Source registry host: not before then, and the last delay.
     hosts: BTreeMap<String, (Instant, Duration)>,
     backoff: Backoff,
@@ -126,6 +129,7 @@ impl Board {
         Board {
             copies: BTreeMap::new(),
             pods: BTreeMap::new(),
+            templates: BTreeMap::new(),
             hosts: BTreeMap::new(),
             backoff,
             retry_failures,
@@ -180,6 +184,36 @@ impl Board {
                 retry_delay: None,
             },
         );
+    }
+
+    /// A workload template's images, as copies: each asked for once per destination, like a
+    /// record's, so that the first Pod finds the mirror full. A copy the mirror holds is not
+    /// asked again (one lookup per distinct image, until the board forgets it).
+    pub fn template_seen(&mut self, template: &str, copies: Vec<Copy>) {
+        let now = SystemTime::now();
+        for copy in &copies {
+            self.copies
+                .entry(copy.destination.clone())
+                .or_insert_with(|| CopyItem {
+                    copy: copy.clone(),
+                    status: Status::Queued,
+                    asked: now,
+                    not_before: None,
+                    delay: None,
+                });
+        }
+        self.templates.insert(template.to_string(), copies);
+    }
+
+    pub fn template_gone(&mut self, template: &str) {
+        self.templates.remove(template);
+    }
+
+    /// Keeps only the templates of `kind` a fresh list named (keys `Kind/...`).
+    pub fn retain_templates(&mut self, kind: &str, listed: &BTreeSet<String>) {
+        let prefix = format!("{kind}/");
+        self.templates
+            .retain(|key, _| !key.starts_with(&prefix) || listed.contains(key));
     }
 
     /// The Pod was deleted, or lost its record.
@@ -286,8 +320,8 @@ impl Board {
         self.copies.get(destination)
     }
 
-    /// Per target registry: the distinct images that recorded Pods name and the mirror does
-    /// not hold yet. Every registry a copy was ever asked for is named, 0 when none lacks.
+    /// Per target registry: the distinct images that recorded Pods or workload templates name
+    /// and the mirror does not hold yet. Every registry a copy was ever asked for is named, 0 when none lacks.
     pub fn missing(&self) -> BTreeMap<String, i64> {
         let mut counts: BTreeMap<String, i64> = self
             .copies
@@ -299,6 +333,12 @@ impl Board {
             .values()
             .flat_map(|pod| pod.record.entries.iter())
             .map(|entry| entry.copy.destination.as_str())
+            .chain(
+                self.templates
+                    .values()
+                    .flatten()
+                    .map(|c| c.destination.as_str()),
+            )
             .collect();
         for destination in named {
             let done = self
@@ -535,6 +575,30 @@ mod tests {
         board.pod_seen("ns/q", record(&[("web", nginx())]), Some(later));
         assert!(board.marks(now).iter().all(|m| m.pod != "ns/q"));
         assert_eq!(board.start(now, 1), [nginx()]);
+    }
+
+    /// A template's image is copied ahead of any Pod, counts as missing until then, and a
+    /// template listed no more stops counting.
+    #[test]
+    fn a_template_s_images_are_filled_ahead_of_any_pod() {
+        let mut board = Board::new(Backoff::default(), true);
+        board.template_seen("Deployment/ns/web", vec![nginx()]);
+        board.template_seen("ReplicaSet/ns/web-1", vec![nginx()]);
+        assert_eq!(board.missing(), BTreeMap::from([("m.io".to_string(), 1)]));
+        let now = Instant::now();
+        assert_eq!(board.start(now, 4), [nginx()]);
+        board.finished(&nginx(), &Outcome::Present, now);
+        assert_eq!(board.missing(), BTreeMap::from([("m.io".to_string(), 0)]));
+        board.template_seen("Deployment/ns/web", vec![nginx()]);
+        assert_eq!(
+            board.start(now, 4),
+            [],
+            "a held image is not looked up again"
+        );
+        let other = copy("a.io/x:1", "m.io/x:1");
+        board.template_seen("Deployment/ns/web", vec![other]);
+        board.retain_templates("Deployment", &BTreeSet::new());
+        assert_eq!(board.missing(), BTreeMap::from([("m.io".to_string(), 0)]));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! one failed, 2 when the run could not run), `list` (prints the copies, copies nothing).
 
 mod board;
+mod leader;
 mod metrics;
 mod runner;
 mod skopeo;
@@ -67,7 +68,29 @@ enum Mode {
         /// A failed copy waits this many seconds, doubled at each failure up to 300.
         #[arg(long, default_value_t = 10)]
         retry: u64,
+        /// Do not follow the workload templates (Deployments, StatefulSets, DaemonSets,
+        /// ReplicaSets, Jobs, CronJobs); fill only what Pods' records ask for.
+        #[arg(long)]
+        no_templates: bool,
+        #[command(flatten)]
+        election: Election,
     },
+}
+
+#[derive(Args)]
+struct Election {
+    /// The Lease the replicas elect the copier with (in the client's namespace).
+    #[arg(long, default_value = "fill-mirror")]
+    lease: String,
+    /// How long a Lease not renewed holds, in seconds; it is renewed every third of that.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// This replica's name in the Lease (default: the host name, the Pod's name).
+    #[arg(long, env = "HOSTNAME")]
+    identity: Option<String>,
+    /// No election: this replica copies and marks (a single replica).
+    #[arg(long)]
+    no_election: bool,
 }
 
 #[derive(Args)]
@@ -138,7 +161,20 @@ fn main() -> ExitCode {
                 copying,
                 listen,
                 retry,
-            } => watch(settings, swap_policy, copying, listen, retry).await,
+                no_templates,
+                election,
+            } => {
+                watch(
+                    settings,
+                    swap_policy,
+                    copying,
+                    listen,
+                    retry,
+                    !no_templates,
+                    election,
+                )
+                .await
+            }
         }
     });
     match status {
@@ -235,6 +271,7 @@ async fn once(input: Input, copying: Copying) -> anyhow::Result<u8> {
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),
         client,
+        leading: None,
         totals: Totals::default(),
     };
     runner.run_until_idle().await;
@@ -252,6 +289,8 @@ async fn watch(
     copying: Copying,
     listen: String,
     retry: u64,
+    templates: bool,
+    election: Election,
 ) -> anyhow::Result<u8> {
     let client = source::client().await?;
     let fixed = settings
@@ -259,8 +298,26 @@ async fn watch(
         .map(source::policy_from_file)
         .transpose()?;
     let metrics = Arc::new(Metrics::default());
-    // One replica copies and marks: this one, until leader election lands.
-    metrics.leader.set(1);
+    let leading = if election.no_election {
+        metrics.leader.set(1);
+        None
+    } else {
+        let identity = election
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("fill-mirror-{}", std::process::id()));
+        let elector = leader::Elector::new(
+            client.clone(),
+            client.default_namespace(),
+            &election.lease,
+            identity,
+            Duration::from_secs(election.lease_duration.max(3)),
+            metrics.clone(),
+        );
+        let leading = elector.leading.clone();
+        tokio::spawn(elector.run());
+        Some(leading)
+    };
     let health = Arc::new(Health::default());
     health.beat();
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -284,6 +341,7 @@ async fn watch(
         metrics: metrics.clone(),
         health: health.clone(),
         wake: wake.clone(),
+        templates,
     };
     let watching = tokio::spawn(watcher.run());
     let mut runner = Runner {
@@ -294,6 +352,7 @@ async fn watch(
         jobs: copying.jobs.max(1),
         wake,
         client: Some(client),
+        leading,
         totals: Totals::default(),
     };
     tokio::select! {

@@ -2,6 +2,7 @@
 //! ended, and sends the marks the mirror now allows (a bounded number at once), keeping the
 //! metrics in step.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -40,6 +41,8 @@ pub struct Runner {
     pub wake: Arc<Notify>,
     /// The client marks are sent with; none: nothing is marked (a dry look).
     pub client: Option<kube::Client>,
+    /// Set while this replica holds the Lease; none: no election, it always copies.
+    pub leading: Option<Arc<AtomicBool>>,
     pub totals: Totals,
 }
 
@@ -80,12 +83,21 @@ impl Runner {
         self.gauges();
     }
 
-    /// Runs for ever (the watch).
+    fn leads(&self) -> bool {
+        self.leading
+            .as_ref()
+            .is_none_or(|leading| leading.load(Ordering::SeqCst))
+    }
+
+    /// Runs for ever (the watch). Copies start and marks go only while this replica leads; a
+    /// replica that does not lead keeps its board in step, ready to take over.
     pub async fn run(&mut self) {
         let mut running = JoinSet::new();
         loop {
             self.health.beat();
-            self.start(&mut running);
+            if self.leads() {
+                self.start(&mut running);
+            }
             self.gauges();
             let wait = lock(&self.board)
                 .next_wakeup()
@@ -105,7 +117,9 @@ impl Runner {
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
-            self.mark().await;
+            if self.leads() {
+                self.mark().await;
+            }
         }
     }
 

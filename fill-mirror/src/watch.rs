@@ -4,17 +4,23 @@
 //! the settings in force; a change of the settings reads every record again at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt::Debug;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use image_swapper_policy::pod::fill::{pod_key, read_record};
+use futures::stream::BoxStream;
+use image_swapper_policy::pod::fill::{copy_for, pod_key, read_record};
 use image_swapper_policy::policy::Policy;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
 use kube::api::DynamicObject;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::Notify;
 
@@ -32,6 +38,69 @@ pub struct Watch {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub wake: Arc<Notify>,
+    /// Also follow the workload templates, to fill the mirror ahead of their first Pods.
+    pub templates: bool,
+}
+
+/// What a workload template watch says: its images, keyed `Kind/namespace/name`.
+enum TemplateEvent {
+    Init(&'static str),
+    Apply(String, Vec<String>),
+    Delete(String),
+    InitDone(&'static str),
+}
+
+/// The images of a Pod template's containers and init containers.
+fn template_images(object: &Value, spec: &str) -> Vec<String> {
+    let Some(spec) = object.pointer(spec) else {
+        return Vec::new();
+    };
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|list| spec.get(list)?.as_array())
+        .flatten()
+        .filter_map(|container| Some(container.get("image")?.as_str()?.to_string()))
+        .collect()
+}
+
+/// The watch of one workload kind, as template events; `spec` is where its Pod spec lies.
+fn templates_of<K>(
+    client: &Client,
+    kind: &'static str,
+    spec: &'static str,
+) -> BoxStream<'static, TemplateEvent>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + serde::Serialize
+        + 'static,
+{
+    watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| async move {
+            let keyed = |object: &K| {
+                let value = serde_json::to_value(object).unwrap_or_default();
+                (format!("{kind}/{}", pod_key(&value)), value)
+            };
+            match event {
+                Ok(Event::Init) => Some(TemplateEvent::Init(kind)),
+                Ok(Event::InitDone) => Some(TemplateEvent::InitDone(kind)),
+                Ok(Event::Apply(object) | Event::InitApply(object)) => {
+                    let (key, value) = keyed(&object);
+                    Some(TemplateEvent::Apply(key, template_images(&value, spec)))
+                }
+                Ok(Event::Delete(object)) => Some(TemplateEvent::Delete(keyed(&object).0)),
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "the watch of the workload templates failed; it resumes, or lists again");
+                    None
+                }
+            }
+        })
+        .boxed()
 }
 
 struct Known {
@@ -43,6 +112,10 @@ struct Known {
     pods_listed: bool,
     /// Notes already logged, so that a record refused is named once, not at each event.
     noted: HashSet<String>,
+    /// Each workload template's images, to route again when the settings change.
+    templates: BTreeMap<String, Vec<String>>,
+    /// During a list of a kind: the templates it named so far.
+    templates_listing: BTreeMap<&'static str, BTreeSet<String>>,
 }
 
 impl Watch {
@@ -68,6 +141,22 @@ impl Watch {
             listing: None,
             pods_listed: false,
             noted: HashSet::new(),
+            templates: BTreeMap::new(),
+            templates_listing: BTreeMap::new(),
+        };
+        let mut templates = if self.templates {
+            let c = &self.client;
+            futures::stream::select_all([
+                templates_of::<Deployment>(c, "Deployment", "/spec/template/spec"),
+                templates_of::<StatefulSet>(c, "StatefulSet", "/spec/template/spec"),
+                templates_of::<DaemonSet>(c, "DaemonSet", "/spec/template/spec"),
+                templates_of::<ReplicaSet>(c, "ReplicaSet", "/spec/template/spec"),
+                templates_of::<Job>(c, "Job", "/spec/template/spec"),
+                templates_of::<CronJob>(c, "CronJob", "/spec/jobTemplate/spec/template/spec"),
+            ])
+            .boxed()
+        } else {
+            futures::stream::pending().boxed()
         };
         let (mut pods, mut policies) = (pods, policies);
         loop {
@@ -79,6 +168,7 @@ impl Watch {
                     }
                     Err(error) => tracing::warn!(%error, "the watch of the recorded Pods failed; it resumes, or lists again"),
                 },
+                Some(event) = templates.next() => self.template_event(&mut known, event),
                 Some(event) = policies.next() => match event {
                     Ok(event) => self.policy_event(&mut known, event),
                     Err(error) => tracing::warn!(%error, "the watch of the swapping policy failed; it resumes, or lists again"),
@@ -149,12 +239,64 @@ impl Watch {
                 for (key, value) in pods {
                     self.read(known, &key, &value);
                 }
+                let templates: Vec<(String, Vec<String>)> = known
+                    .templates
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                for (key, images) in templates {
+                    self.route_template(known, &key, &images);
+                }
                 self.wake.notify_one();
             }
             Err(error) => {
                 tracing::error!(%error, "cannot use the swapping policy's settings; keeping the last")
             }
         }
+    }
+
+    fn template_event(&self, known: &mut Known, event: TemplateEvent) {
+        match event {
+            TemplateEvent::Init(kind) => {
+                known.templates_listing.insert(kind, BTreeSet::new());
+            }
+            TemplateEvent::Apply(key, images) => {
+                if let Some(kind) = key.split('/').next()
+                    && let Some(listing) = known.templates_listing.get_mut(kind)
+                {
+                    listing.insert(key.clone());
+                }
+                self.route_template(known, &key, &images);
+                known.templates.insert(key, images);
+            }
+            TemplateEvent::Delete(key) => {
+                known.templates.remove(&key);
+                lock(&self.board).template_gone(&key);
+            }
+            TemplateEvent::InitDone(kind) => {
+                let listed = known.templates_listing.remove(kind).unwrap_or_default();
+                let prefix = format!("{kind}/");
+                known
+                    .templates
+                    .retain(|key, _| !key.starts_with(&prefix) || listed.contains(key));
+                lock(&self.board).retain_templates(kind, &listed);
+                tracing::info!(%kind, templates = listed.len(), "listed the workload templates; watching");
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Puts a template's images on the board as copies, routed by the settings in force; an
+    /// image no rule routes (excluded, unmatched, already a mirror image) has none.
+    fn route_template(&self, known: &Known, key: &str, images: &[String]) {
+        let Some(policy) = known.policy.as_ref() else {
+            return;
+        };
+        let copies = images
+            .iter()
+            .filter_map(|image| copy_for(image, policy))
+            .collect();
+        lock(&self.board).template_seen(key, copies);
     }
 
     /// Puts a Pod's record on the board, read against the settings in force.

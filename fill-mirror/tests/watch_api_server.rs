@@ -26,6 +26,10 @@ struct Watch {
 
 impl Watch {
     fn start(plane: &ControlPlane) -> Watch {
+        Watch::start_with(plane, &[])
+    }
+
+    fn start_with(plane: &ControlPlane, extra: &[&str]) -> Watch {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -40,6 +44,7 @@ impl Watch {
                 "text",
             ])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .env("KUBECONFIG", &plane.kubeconfig)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -215,4 +220,129 @@ fn the_watch_goes_on_across_an_api_server_restart() {
     );
     assert_eq!(cluster.mirror.digest_of("hub/app/two", "1"), Some(two));
     drop(watch);
+}
+
+/// A Deployment created with `replicas: 0` and a CronJob that has not run yet: no Pod exists,
+/// and their images are in the mirror before the first one does.
+#[test]
+fn workload_templates_are_filled_before_any_pod_exists() {
+    let Some(cluster) = cluster("fill-templates") else {
+        return;
+    };
+    let warm = Image::new("warm", "linux/amd64").push(&cluster.source, "app/warm", Some("1"));
+    let cron = Image::new("cron", "linux/amd64").push(&cluster.source, "app/cron", Some("1"));
+    let _watch = Watch::start(&cluster.plane);
+    let container = |repository: &str| serde_json::json!([{"name": "c", "image": format!("{}/{repository}:1", cluster.source.host)}]);
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "warm", "namespace": "default"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "warm"}},
+                 "template": {"metadata": {"labels": {"app": "warm"}},
+                              "spec": {"containers": container("app/warm")}}},
+    });
+    let cronjob = serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "CronJob",
+        "metadata": {"name": "cron", "namespace": "default"},
+        "spec": {"schedule": "0 0 1 1 *",
+                 "jobTemplate": {"spec": {"template": {"spec": {
+                     "restartPolicy": "Never", "containers": container("app/cron")}}}}},
+    });
+    for object in [deployment, cronjob] {
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+    }
+    assert!(
+        eventually(60, || cluster.mirror.digest_of("hub/app/warm", "1")
+            == Some(warm.clone())),
+        "the Deployment's image is not in the mirror"
+    );
+    assert!(
+        eventually(30, || cluster.mirror.digest_of("hub/app/cron", "1")
+            == Some(cron.clone())),
+        "the CronJob's image is not in the mirror"
+    );
+}
+
+/// A record written under settings the watch does not have yet is refused; once the swapping
+/// policy's settings change to those, the record is read again at once, filled and marked.
+#[test]
+fn a_change_of_the_swapping_policy_s_settings_applies_at_once() {
+    let Some(cluster) = cluster("fill-settings") else {
+        return;
+    };
+    Image::new("web", "linux/amd64").push(&cluster.source, "app/web", Some("1"));
+    let elsewhere = serde_json::json!({"mirrors": [{"source": cluster.source.host,
+        "target": format!("{}/other", cluster.mirror.host)}]});
+    cluster
+        .plane
+        .apply_swapping_policy("image-swapper", &elsewhere);
+    let watch = Watch::start(&cluster.plane);
+    cluster.create_pod("web", "app/web");
+    let refused = "fill_mirror_copies_total{result=\"refused\"}";
+    assert!(
+        eventually(30, || watch.metric(refused) == Some(1.0)),
+        "{refused} is {:?}",
+        watch.metric(refused)
+    );
+    assert!(recorded(&pod(&cluster.plane, "web")));
+
+    cluster.plane.apply_swapping_policy(
+        "image-swapper",
+        &settings(&cluster.source.host, &cluster.mirror.host),
+    );
+
+    assert!(
+        eventually(60, || !recorded(&pod(&cluster.plane, "web"))),
+        "still recorded after the settings changed"
+    );
+    assert!(cluster.mirror.digest_of("hub/app/web", "1").is_some());
+    assert_eq!(cluster.mirror.digest_of("other/app/web", "1"), None);
+}
+
+/// Two replicas, one copier: one holds the Lease and copies; killed, the other takes the Lease
+/// over and fills what comes next, and what the first made it finds there, never copied twice.
+#[test]
+fn of_two_replicas_one_copies_and_the_other_takes_over_when_it_dies() {
+    let Some(cluster) = cluster("fill-leader") else {
+        return;
+    };
+    Image::new("one", "linux/amd64").push(&cluster.source, "app/one", Some("1"));
+    Image::new("two", "linux/amd64").push(&cluster.source, "app/two", Some("1"));
+    let election = |identity| ["--identity", identity, "--lease-duration", "3"];
+    let a = Watch::start_with(&cluster.plane, &election("a"));
+    assert!(
+        eventually(20, || a.metric("fill_mirror_leader") == Some(1.0)),
+        "a does not lead"
+    );
+    let b = Watch::start_with(&cluster.plane, &election("b"));
+    assert!(
+        eventually(20, || b.get("/readyz").is_some_and(|(code, _)| code == 200)),
+        "b is not ready"
+    );
+    assert_eq!(b.metric("fill_mirror_leader"), Some(0.0));
+    cluster.create_pod("one", "app/one");
+    assert!(
+        eventually(60, || !recorded(&pod(&cluster.plane, "one"))),
+        "one still recorded"
+    );
+    let copied = "fill_mirror_copies_total{result=\"copied\"}";
+    assert_eq!(a.metric(copied), Some(1.0));
+    assert_eq!(b.metric(copied), None, "b copied while a led");
+
+    drop(a);
+    assert!(
+        eventually(20, || b.metric("fill_mirror_leader") == Some(1.0)),
+        "b did not take the Lease over"
+    );
+    cluster.create_pod("two", "app/two");
+    assert!(
+        eventually(60, || !recorded(&pod(&cluster.plane, "two"))),
+        "two still recorded after the failover"
+    );
+    assert_eq!(
+        b.metric(copied),
+        Some(1.0),
+        "b copied one again, or not two"
+    );
 }

@@ -83,6 +83,13 @@ pub struct FillRecord {
     pub notes: Vec<String>,
 }
 
+/// The copy that fills the mirror with `image` ahead of any Pod (a workload template names
+/// it): the one a Pod's record would name for a container running it, or `None` when no rule
+/// routes it (unmatched, excluded, already under a target, not a reference).
+pub fn copy_for(image: &str, policy: &Policy) -> Option<Copy> {
+    source_image(image, policy).and_then(|source| Copy::parse(&fill_command(&source)))
+}
+
 /// `namespace/name` of a Pod, for the notes.
 pub fn pod_key(pod: &Value) -> String {
     let field = |name: &str| {
@@ -287,6 +294,21 @@ mod tests {
                 "docker.io/library/nginx:1.27 m.io/hub/library/nginx:1.27",
             ]
         );
+    }
+
+    /// A template's image gets exactly the copy a Pod's record names for it; an excluded image
+    /// none.
+    #[test]
+    fn a_template_image_gets_the_copy_a_record_would_name() {
+        let policy = policy_from(SETTINGS);
+        let mut object = pod(&[("web", "nginx:1.27")]);
+        write_record(&mut object, &["nginx:1.27"], &policy);
+        let record = read_record(&object, &policy).expect("a record");
+        assert_eq!(
+            copy_for("nginx:1.27", &policy).as_ref(),
+            Some(&record.entries[0].copy)
+        );
+        assert_eq!(copy_for("busybox:1", &policy), None);
     }
 
     #[test]
