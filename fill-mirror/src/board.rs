@@ -209,6 +209,50 @@ impl Board {
         self.templates.remove(template);
     }
 
+    /// Once a period: forgets the finished copies nothing names any more (the board stays the
+    /// size of what the cluster asks for), and asks again for the images templates name that
+    /// were made or gone for longer than `period`, so that an image the mirror lost since (a
+    /// lifecycle rule), or a source pushed again, is seen to: one lookup per distinct image per
+    /// period. A copy a recorded Pod names is kept: its mark waits for it.
+    pub fn refresh(&mut self, period: Duration) {
+        let now = SystemTime::now();
+        let by_pods: BTreeSet<&str> = self
+            .pods
+            .values()
+            .flat_map(|pod| pod.record.entries.iter())
+            .flat_map(|e| std::iter::once(&e.copy).chain(e.signature.as_ref()))
+            .map(|copy| copy.destination.as_str())
+            .collect();
+        let by_templates: BTreeSet<&str> = self
+            .templates
+            .values()
+            .flatten()
+            .map(|copy| copy.destination.as_str())
+            .collect();
+        let mut forgotten = Vec::new();
+        for (destination, item) in &mut self.copies {
+            let named = by_pods.contains(destination.as_str())
+                || by_templates.contains(destination.as_str());
+            let finished = match &item.status {
+                Status::Done(made) => Some(*made),
+                Status::Gone | Status::Failed => Some(item.asked),
+                Status::Queued | Status::Running => None,
+            };
+            let Some(finished) = finished else { continue };
+            if !named {
+                forgotten.push(destination.clone());
+            } else if !by_pods.contains(destination.as_str())
+                && now.duration_since(finished).unwrap_or_default() >= period
+            {
+                item.status = Status::Queued;
+                item.asked = now;
+            }
+        }
+        for destination in forgotten {
+            self.copies.remove(&destination);
+        }
+    }
+
     /// Keeps only the templates of `kind` a fresh list named (keys `Kind/...`).
     pub fn retain_templates(&mut self, kind: &str, listed: &BTreeSet<String>) {
         let prefix = format!("{kind}/");
@@ -599,6 +643,26 @@ mod tests {
         board.template_seen("Deployment/ns/web", vec![other]);
         board.retain_templates("Deployment", &BTreeSet::new());
         assert_eq!(board.missing(), BTreeMap::from([("m.io".to_string(), 0)]));
+    }
+
+    /// Once a period, a template's image is looked up again (the mirror may have lost it),
+    /// and a finished copy nothing names is forgotten.
+    #[test]
+    fn a_refresh_asks_again_for_templates_and_forgets_the_rest() {
+        let mut board = Board::new(Backoff::default(), true);
+        let other = copy("a.io/x:1", "m.io/x:1");
+        board.template_seen("Deployment/ns/web", vec![nginx()]);
+        board.template_seen("Deployment/ns/old", vec![other.clone()]);
+        let now = Instant::now();
+        assert_eq!(board.start(now, 4).len(), 2);
+        board.finished(&nginx(), &Outcome::Present, now);
+        board.finished(&other, &Outcome::Present, now);
+        board.template_gone("Deployment/ns/old");
+        board.refresh(Duration::from_secs(3600));
+        assert_eq!(board.start(now, 4), [], "within the period, no lookup");
+        assert!(board.item(&other.destination).is_none(), "not forgotten");
+        board.refresh(Duration::ZERO);
+        assert_eq!(board.start(now, 4), [nginx()]);
     }
 
     #[test]

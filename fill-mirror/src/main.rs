@@ -68,6 +68,10 @@ enum Mode {
         /// A failed copy waits this many seconds, doubled at each failure up to 300.
         #[arg(long, default_value_t = 10)]
         retry: u64,
+        /// How often an image a template names is looked up again, and finished copies
+        /// nothing names are forgotten, in seconds.
+        #[arg(long, default_value_t = 600)]
+        period: u64,
         /// Do not follow the workload templates (Deployments, StatefulSets, DaemonSets,
         /// ReplicaSets, Jobs, CronJobs); fill only what Pods' records ask for.
         #[arg(long)]
@@ -75,6 +79,12 @@ enum Mode {
         #[command(flatten)]
         election: Election,
     },
+}
+
+/// The watch's periods.
+struct Timing {
+    retry: Duration,
+    period: Duration,
 }
 
 #[derive(Args)]
@@ -161,15 +171,20 @@ fn main() -> ExitCode {
                 copying,
                 listen,
                 retry,
+                period,
                 no_templates,
                 election,
             } => {
+                let timing = Timing {
+                    retry: Duration::from_secs(retry.max(1)),
+                    period: Duration::from_secs(period.max(1)),
+                };
                 watch(
                     settings,
                     swap_policy,
                     copying,
                     listen,
-                    retry,
+                    timing,
                     !no_templates,
                     election,
                 )
@@ -272,6 +287,7 @@ async fn once(input: Input, copying: Copying) -> anyhow::Result<u8> {
         wake: Arc::new(Notify::new()),
         client,
         leading: None,
+        period: Duration::MAX,
         totals: Totals::default(),
     };
     runner.run_until_idle().await;
@@ -288,7 +304,7 @@ async fn watch(
     swap_policy: String,
     copying: Copying,
     listen: String,
-    retry: u64,
+    timing: Timing,
     templates: bool,
     election: Election,
 ) -> anyhow::Result<u8> {
@@ -326,7 +342,7 @@ async fn watch(
     tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "serving /metrics, /healthz, /readyz");
     let board = Arc::new(Mutex::new(Board::new(
         Backoff {
-            retry: Duration::from_secs(retry.max(1)),
+            retry: timing.retry,
             max: Duration::from_secs(300),
         },
         true,
@@ -353,6 +369,7 @@ async fn watch(
         wake,
         client: Some(client),
         leading,
+        period: timing.period,
         totals: Totals::default(),
     };
     tokio::select! {

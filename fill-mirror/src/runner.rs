@@ -43,6 +43,8 @@ pub struct Runner {
     pub client: Option<kube::Client>,
     /// Set while this replica holds the Lease; none: no election, it always copies.
     pub leading: Option<Arc<AtomicBool>>,
+    /// How often the board is refreshed (`Board::refresh`).
+    pub period: Duration,
     pub totals: Totals,
 }
 
@@ -93,8 +95,13 @@ impl Runner {
     /// replica that does not lead keeps its board in step, ready to take over.
     pub async fn run(&mut self) {
         let mut running = JoinSet::new();
+        let mut refreshed = Instant::now();
         loop {
             self.health.beat();
+            if refreshed.elapsed() >= self.period {
+                lock(&self.board).refresh(self.period);
+                refreshed = Instant::now();
+            }
             if self.leads() {
                 self.start(&mut running);
             }

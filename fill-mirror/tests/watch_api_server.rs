@@ -346,3 +346,40 @@ fn of_two_replicas_one_copies_and_the_other_takes_over_when_it_dies() {
         "b copied one again, or not two"
     );
 }
+
+/// `fill-mirror once` against the cluster, as the CronJob runs it: it reads the settings from
+/// the swapping policy and the recorded Pods from the API server, copies each image once, marks
+/// every record, and exits 0.
+#[test]
+fn once_reads_the_cluster_copies_once_and_marks_every_record() {
+    let Some(cluster) = cluster("fill-once-cluster") else {
+        return;
+    };
+    let digest = Image::new("web", "linux/amd64").push(&cluster.source, "app/web", Some("1"));
+    for name in ["a", "b", "c"] {
+        cluster.create_pod(name, "app/web");
+    }
+    let output = fill_mirror()
+        .args(["once", "--insecure", "--log-format", "text"])
+        .env("KUBECONFIG", &cluster.plane.kubeconfig)
+        .output()
+        .expect("run fill-mirror once");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused, 3 marked"),
+        "{stdout}"
+    );
+    assert_eq!(cluster.mirror.digest_of("hub/app/web", "1"), Some(digest));
+    for name in ["a", "b", "c"] {
+        assert!(
+            !recorded(&pod(&cluster.plane, name)),
+            "{name} still recorded"
+        );
+    }
+}
