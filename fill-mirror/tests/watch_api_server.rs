@@ -383,3 +383,77 @@ fn once_reads_the_cluster_copies_once_and_marks_every_record() {
         );
     }
 }
+
+/// Figures, not asserts (`cargo test -p fill-mirror --test watch_api_server -- --ignored
+/// --nocapture`): the time from a recorded Pod's creation to its image in the mirror, median of
+/// 20 distinct images; then 100 Pods recorded for one image: copied once, and the time from
+/// their creation to the last one marked.
+#[test]
+#[ignore = "a measurement: run it with --ignored --nocapture"]
+fn time_to_mirror() {
+    let Some(cluster) = cluster("fill-bench") else {
+        return;
+    };
+    let watch = Watch::start(&cluster.plane);
+    assert!(
+        eventually(30, || watch
+            .get("/readyz")
+            .is_some_and(|(code, _)| code == 200)),
+        "not ready"
+    );
+    let mut times = Vec::new();
+    for i in 0..20 {
+        let repository = format!("app/bench{i}");
+        Image::new(&repository, "linux/amd64").push(&cluster.source, &repository, Some("1"));
+        let started = Instant::now();
+        cluster.create_pod(&format!("bench{i}"), &repository);
+        assert!(
+            eventually(60, || cluster
+                .mirror
+                .digest_of(&format!("hub/{repository}"), "1")
+                .is_some()),
+            "{repository} not in the mirror"
+        );
+        times.push(started.elapsed());
+    }
+    times.sort();
+    println!(
+        "time to mirror, one Pod, 20 images: median {:?}, min {:?}, max {:?}",
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1]
+    );
+
+    Image::new("crowd", "linux/amd64").push(&cluster.source, "app/crowd", Some("1"));
+    let image = format!("{}/app/crowd:1", cluster.source.host);
+    let items: Vec<Value> = (0..100)
+        .map(|i| recorded_pod(&format!("crowd{i}"), &[&image], &[&image], &cluster.policy))
+        .collect();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let started = Instant::now();
+    cluster
+        .plane
+        .kubectl(&["create", "-f", "-"], Some(&list.to_string()));
+    let created = started.elapsed();
+    let selector = format!("{LABEL}=true");
+    assert!(
+        eventually(120, || {
+            cluster
+                .plane
+                .get_json(&["pods", "-n", "default", "-l", &selector])["items"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+        }),
+        "the 100 Pods are not all marked"
+    );
+    println!(
+        "100 Pods for one image: created in {created:?}, all marked {:?} after the first was created; copies made: {:?}",
+        started.elapsed(),
+        watch.metric("fill_mirror_copies_total{result=\"copied\"}")
+    );
+    assert_eq!(
+        watch.metric("fill_mirror_copies_total{result=\"copied\"}"),
+        Some(21.0),
+        "one copy per image"
+    );
+}
