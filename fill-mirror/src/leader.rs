@@ -57,8 +57,39 @@ impl Elector {
         }
     }
 
+    /// Who holds the Lease now, if anyone does.
+    pub async fn holder(&self) -> Option<String> {
+        let lease = self.api.get_opt(&self.name).await.ok()??;
+        lease
+            .spec?
+            .holder_identity
+            .filter(|holder| !holder.is_empty())
+    }
+
+    /// Gives the Lease up when this replica holds it, so that a watch replica takes it at its
+    /// next round instead of after the whole duration.
+    pub async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        if let Err(error) = self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            tracing::warn!(lease = %self.name, %error, "could not give the Lease up; it expires");
+        }
+    }
+
     /// One round: takes or renews the Lease when it may; says whether this replica leads.
-    async fn round(&self) -> Result<bool, kube::Error> {
+    pub async fn round(&self) -> Result<bool, kube::Error> {
         let now = Timestamp::now();
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(15);
         let current = self.api.get_opt(&self.name).await?;

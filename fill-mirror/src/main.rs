@@ -51,6 +51,10 @@ enum Mode {
         input: Input,
         #[command(flatten)]
         copying: Copying,
+        /// Takes the watch's Lease for the run: while a watch replica holds it, the watch
+        /// copies and this run does nothing (exit 0).
+        #[command(flatten)]
+        election: Election,
     },
     /// Follow the recorded Pods and the settings; copy and mark as they come.
     Watch {
@@ -164,7 +168,11 @@ fn main() -> ExitCode {
     let status = runtime.block_on(async {
         match cli.mode {
             Mode::List(input) => list(input).await,
-            Mode::Once { input, copying } => once(input, copying).await,
+            Mode::Once {
+                input,
+                copying,
+                election,
+            } => once(input, copying, election).await,
             Mode::Watch {
                 settings,
                 swap_policy,
@@ -267,8 +275,64 @@ async fn list(input: Input) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-async fn once(input: Input, copying: Copying) -> anyhow::Result<u8> {
+async fn once(input: Input, copying: Copying, election: Election) -> anyhow::Result<u8> {
     let (_, records, client) = read(&input).await?;
+    // From the cluster, the run takes the watch's Lease, so that no copy is made beside a
+    // watch replica that copies the same.
+    let elector = match &client {
+        Some(client) if !election.no_election => {
+            let elector = leader::Elector::new(
+                client.clone(),
+                client.default_namespace(),
+                &election.lease,
+                election.identity.clone().map_or_else(
+                    || format!("fill-mirror-once-{}", std::process::id()),
+                    |id| format!("{id}-once"),
+                ),
+                Duration::from_secs(election.lease_duration.max(3)),
+                Arc::new(Metrics::default()),
+            );
+            if !elector.round().await? {
+                let holder = elector.holder().await.unwrap_or_default();
+                println!(
+                    "fill-mirror: the Lease {} is held by {holder}: the watch copies and marks, nothing done",
+                    election.lease
+                );
+                return Ok(0);
+            }
+            Some(Arc::new(elector))
+        }
+        _ => None,
+    };
+    let renewing = elector.clone().map(|elector| {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(elector.duration / 3).await;
+                if let Err(error) = elector.round().await {
+                    tracing::warn!(%error, "cannot renew the Lease");
+                }
+            }
+        })
+    });
+    let status = copy_once(records, client, copying).await;
+    if let Some(renewing) = renewing {
+        renewing.abort();
+    }
+    if let Some(elector) = elector {
+        elector.release().await;
+    }
+    status
+}
+
+async fn copy_once(
+    records: Vec<(
+        String,
+        image_swapper_policy::pod::fill::FillRecord,
+        Option<std::time::SystemTime>,
+    )>,
+    client: Option<kube::Client>,
+    copying: Copying,
+) -> anyhow::Result<u8> {
     let refused = notes(&records);
     let metrics = Arc::new(Metrics::default());
     for _ in 0..refused {

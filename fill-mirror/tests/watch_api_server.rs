@@ -457,3 +457,31 @@ fn time_to_mirror() {
         "one copy per image"
     );
 }
+
+/// `once` beside a running watch: the watch holds the Lease, so the run copies nothing (the
+/// watch does) and exits 0, naming the holder.
+#[test]
+fn once_does_nothing_while_a_watch_replica_holds_the_lease() {
+    let Some(cluster) = cluster("fill-once-lease") else {
+        return;
+    };
+    let watch = Watch::start_with(&cluster.plane, &["--identity", "watcher"]);
+    assert!(
+        eventually(20, || watch.metric("fill_mirror_leader") == Some(1.0)),
+        "the watch does not lead"
+    );
+    let output = fill_mirror()
+        .args(["once", "--insecure", "--log-format", "text"])
+        .env("KUBECONFIG", &cluster.plane.kubeconfig)
+        .output()
+        .expect("run fill-mirror once");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(
+            "the Lease fill-mirror is held by watcher: the watch copies and marks, nothing done"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(watch.metric("fill_mirror_leader"), Some(1.0));
+}
