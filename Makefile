@@ -52,6 +52,7 @@ FAR_MODELS := 1.35 1.31 1.38
 test: test-deps tools policy.wasm
 	$(CARGO) build --locked --examples
 	$(CARGO) test --locked --lib $(NEAR_TESTS)
+	$(CARGO) test --locked -p fill-mirror
 	@$(CARGO) test --locked --no-run $(FAR_TESTS) 2>/dev/null
 	@failed=0; \
 	for model in $(FAR_MODELS); do \
@@ -91,6 +92,7 @@ fmt:
 
 lint:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked -p fill-mirror --all-targets -- -D warnings
 
 # The floor the benchmark compares with: a policy that only parses the request and accepts it.
 target/floor-policy.wasm: bench/floor-policy/src/lib.rs bench/floor-policy/Cargo.toml Cargo.lock

@@ -21,6 +21,7 @@ mod check_report;
 mod checks;
 mod copies;
 mod decisions;
+pub mod fill;
 mod look_once;
 mod object;
 mod pull_secrets;

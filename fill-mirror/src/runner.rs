@@ -1,0 +1,263 @@
+//! Drives the board: starts the copies it allows (a bounded number at once), records how each
+//! ended, and sends the marks the mirror now allows (a bounded number at once), keeping the
+//! metrics in step.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use image_swapper_policy::pod::fill::Copy;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::board::{Board, Mark, MarkResult, Outcome};
+use crate::metrics::{Health, Metrics, RegistryLabel};
+use crate::skopeo::Skopeo;
+
+/// How many marking patches go to the API server at once.
+const MARKS_AT_ONCE: usize = 16;
+
+/// The totals a one-shot run ends with.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Totals {
+    pub copied: usize,
+    pub failed: usize,
+    pub present: usize,
+    pub gone: usize,
+    pub marked: usize,
+}
+
+pub struct Runner {
+    pub board: Arc<Mutex<Board>>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub engine: Skopeo,
+    pub jobs: usize,
+    /// Rung when the board gains work.
+    pub wake: Arc<Notify>,
+    /// The client marks are sent with; none: nothing is marked (a dry look).
+    pub client: Option<kube::Client>,
+    /// Set while this replica holds the Lease; none: no election, it always copies.
+    pub leading: Option<Arc<AtomicBool>>,
+    /// How often the board is refreshed (`Board::refresh`).
+    pub period: Duration,
+    pub totals: Totals,
+}
+
+/// The board, even if a thread panicked holding it: it holds plain data, each change whole.
+pub fn lock(board: &Mutex<Board>) -> MutexGuard<'_, Board> {
+    board
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+type Finished = (Copy, Outcome, Duration);
+
+impl Runner {
+    /// Runs until the board is idle and every mark it allows is sent (the one-shot run).
+    pub async fn run_until_idle(&mut self) {
+        let mut running = JoinSet::new();
+        loop {
+            self.start(&mut running);
+            if running.is_empty() {
+                self.mark().await;
+                let idle = lock(&self.board).idle();
+                if idle {
+                    break;
+                }
+                let wait = lock(&self.board)
+                    .next_wakeup()
+                    .map_or(Duration::from_millis(100), |at| {
+                        at.saturating_duration_since(Instant::now())
+                    });
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            if let Some(Ok(done)) = running.join_next().await {
+                self.finished(done);
+            }
+            self.mark().await;
+        }
+        self.gauges();
+    }
+
+    fn leads(&self) -> bool {
+        self.leading
+            .as_ref()
+            .is_none_or(|leading| leading.load(Ordering::SeqCst))
+    }
+
+    /// Runs for ever (the watch). Copies start and marks go only while this replica leads; a
+    /// replica that does not lead keeps its board in step, ready to take over.
+    pub async fn run(&mut self) {
+        let mut running = JoinSet::new();
+        let mut refreshed = Instant::now();
+        loop {
+            self.health.beat();
+            if refreshed.elapsed() >= self.period {
+                lock(&self.board).refresh(self.period);
+                refreshed = Instant::now();
+            }
+            if self.leads() {
+                self.start(&mut running);
+            }
+            self.gauges();
+            let wait = lock(&self.board)
+                .next_wakeup()
+                .map_or(Duration::from_secs(5), |at| {
+                    at.saturating_duration_since(Instant::now())
+                        .min(Duration::from_secs(5))
+                });
+            tokio::select! {
+                Some(joined) = running.join_next(), if !running.is_empty() => {
+                    if let Ok(done) = joined {
+                        self.finished(done);
+                    }
+                    while let Some(Ok(done)) = running.try_join_next() {
+                        self.finished(done);
+                    }
+                }
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+            if self.leads() {
+                self.mark().await;
+            }
+        }
+    }
+
+    fn start(&mut self, running: &mut JoinSet<Finished>) {
+        let room = self.jobs.saturating_sub(running.len());
+        let started = lock(&self.board).start(Instant::now(), room);
+        for copy in started {
+            let engine = self.engine.clone();
+            running.spawn(async move {
+                let began = Instant::now();
+                let outcome = engine.copy(&copy).await;
+                (copy, outcome, began.elapsed())
+            });
+        }
+    }
+
+    fn finished(&mut self, (copy, outcome, took): Finished) {
+        let waits = lock(&self.board).finished(&copy, &outcome, Instant::now());
+        self.metrics.counted(outcome.label());
+        self.metrics.copy_duration.observe(took.as_secs_f64());
+        let (source, destination) = (&copy.source, &copy.destination);
+        match &outcome {
+            Outcome::Copied | Outcome::Present => {
+                if outcome == Outcome::Copied {
+                    self.totals.copied += 1;
+                    tracing::info!(%source, %destination, seconds = took.as_secs_f64(), "copied");
+                } else {
+                    self.totals.present += 1;
+                    tracing::info!(%destination, "the mirror holds it already, not copied over");
+                }
+                if let Some(item) = lock(&self.board).item(destination)
+                    && let Ok(waited) = SystemTime::now().duration_since(item.asked)
+                {
+                    self.metrics.time_to_mirror.observe(waited.as_secs_f64());
+                }
+            }
+            Outcome::Gone(words) => {
+                self.totals.gone += 1;
+                tracing::warn!(%source, %destination, answer = %words, "the source registry has no such image: nothing to copy");
+            }
+            Outcome::Throttled(words, _) => {
+                self.totals.failed += 1;
+                self.metrics
+                    .source_throttled
+                    .get_or_create(&RegistryLabel {
+                        registry: copy.source_host().to_string(),
+                    })
+                    .inc();
+                tracing::warn!(%source, %destination, answer = %words, wait_seconds = waits.map(|d| d.as_secs()), "the source registry is throttling: its copies wait");
+            }
+            Outcome::Failed(words) => {
+                self.totals.failed += 1;
+                tracing::warn!(%source, %destination, error = %words, again_in_seconds = waits.map(|d| d.as_secs()), "copy failed");
+            }
+        }
+    }
+
+    fn gauges(&self) {
+        let board = lock(&self.board);
+        self.metrics.queue_depth.set(board.queue_depth() as i64);
+        for (registry, count) in board.missing() {
+            self.metrics
+                .missing_images
+                .get_or_create(&RegistryLabel { registry })
+                .set(count);
+        }
+    }
+
+    async fn mark(&mut self) {
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let marks = lock(&self.board).marks(Instant::now());
+        if marks.is_empty() {
+            return;
+        }
+        let results: Vec<(Mark, MarkResult)> = futures::stream::iter(marks)
+            .map(|mark| {
+                let client = client.clone();
+                async move {
+                    let result = send_mark(&client, &mark).await;
+                    (mark, result)
+                }
+            })
+            .buffer_unordered(MARKS_AT_ONCE)
+            .collect()
+            .await;
+        let now = Instant::now();
+        let mut board = lock(&self.board);
+        for (mark, result) in results {
+            if result == MarkResult::Marked {
+                self.totals.marked += 1;
+            }
+            board.marked(&mark, result, now);
+        }
+        drop(board);
+        self.gauges();
+    }
+}
+
+/// Sends one mark: the record's filled entries removed, by a JSON patch that tests the record
+/// first.
+async fn send_mark(client: &kube::Client, mark: &Mark) -> MarkResult {
+    let (namespace, name) = mark.pod.split_once('/').unwrap_or(("", &mark.pod));
+    let filled: Vec<&str> = mark.filled.iter().map(String::as_str).collect();
+    let Some(patch) = image_swapper_policy::pod::fill::marking_patch(&mark.text, &filled) else {
+        return MarkResult::Final;
+    };
+    let patch: json_patch::Patch = match serde_json::from_value(patch) {
+        Ok(patch) => patch,
+        Err(error) => {
+            tracing::error!(pod = %mark.pod, %error, "the marking patch is not a JSON patch");
+            return MarkResult::Final;
+        }
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(pod = %mark.pod, containers = ?mark.filled, "marked: the mirror holds them");
+            MarkResult::Marked
+        }
+        Err(kube::Error::Api(status)) if [404, 409, 422].contains(&status.code) => {
+            tracing::info!(pod = %mark.pod, answer = %status.message, "not marked: the record changed or the Pod is gone; read again at its next event");
+            MarkResult::Final
+        }
+        Err(error) => {
+            tracing::warn!(pod = %mark.pod, %error, "not marked: the API server could not take it; again later");
+            MarkResult::Retry
+        }
+    }
+}

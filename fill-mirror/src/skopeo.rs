@@ -1,0 +1,177 @@
+//! The copy engine: skopeo as a subprocess, as a person would run the policy's copy
+//! (`skopeo copy --all --preserve-digests`: every digest of a multi-platform index kept). A
+//! destination that exists is never copied over: only a registry's "does not exist" lets a copy
+//! run, since anything else could be a tag that exists, which a copy would move.
+
+use std::time::Duration;
+
+use image_swapper_policy::pod::fill::Copy;
+use tokio::process::Command;
+
+use crate::board::Outcome;
+
+/// What registries answer for a manifest or a repository that does not exist (skopeo prints the
+/// error's code, then the registry's message): distribution's "manifest unknown" and "name
+/// unknown", ECR's "does not exist in the registry" and "Requested image not found", Artifact
+/// Registry's `Failed to fetch "<tag>"` and `Repository "<name>" not found`.
+const ABSENT_WORDS: [&str; 6] = [
+    "manifest unknown",
+    "name unknown",
+    "repository name not known to registry",
+    "does not exist in the registry",
+    "requested image not found",
+    "failed to fetch \"",
+];
+
+/// skopeo's words for a registry's 429 and 5xx answers (containers/image: "too many requests to
+/// registry", "invalid status code from registry 503 (Service Unavailable)", "received
+/// unexpected HTTP status: 502 Bad Gateway").
+fn throttled(words: &str) -> bool {
+    let words = words.to_ascii_lowercase();
+    if words.contains("too many requests") || words.contains("toomanyrequests") {
+        return true;
+    }
+    [
+        "status code from registry ",
+        "http status: ",
+        "status code: ",
+    ]
+    .iter()
+    .any(|lead| {
+        words.match_indices(lead).any(|(at, _)| {
+            let code = &words[at + lead.len()..];
+            code.starts_with("429")
+                || (code.starts_with('5')
+                    && code.len() >= 3
+                    && code[..3].bytes().all(|b| b.is_ascii_digit()))
+        })
+    })
+}
+
+fn absent(words: &str) -> bool {
+    let words = words.to_ascii_lowercase();
+    ABSENT_WORDS.iter().any(|w| words.contains(w))
+        || (words.contains("repository \"") && words.contains("\" not found"))
+}
+
+/// The last line of skopeo's words, for a log line.
+fn last_line(words: &str) -> String {
+    words
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("skopeo said nothing")
+        .to_string()
+}
+
+#[derive(Clone, Debug)]
+pub struct Skopeo {
+    pub binary: String,
+    /// Plain HTTP and unverified TLS for every registry (`--insecure`).
+    pub insecure: bool,
+    /// How long one skopeo run may take.
+    pub timeout: Duration,
+}
+
+/// Whether an image exists.
+#[derive(Debug, PartialEq, Eq)]
+enum Presence {
+    Exists,
+    Absent,
+    /// Could not tell: the words.
+    Unknown(String),
+}
+
+impl Skopeo {
+    async fn run(&self, args: &[String]) -> Result<(), String> {
+        let mut command = Command::new(&self.binary);
+        command.args(args).kill_on_drop(true);
+        let output = match tokio::time::timeout(self.timeout, command.output()).await {
+            Err(_) => return Err(format!("skopeo took longer than {:?}", self.timeout)),
+            Ok(Err(error)) => return Err(format!("cannot run {}: {error}", self.binary)),
+            Ok(Ok(output)) => output,
+        };
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    async fn inspect(&self, image: &str) -> Presence {
+        let mut args = vec!["inspect".to_string(), "--raw".to_string()];
+        if self.insecure {
+            args.push("--tls-verify=false".to_string());
+        }
+        args.push(format!("docker://{image}"));
+        match self.run(&args).await {
+            Ok(()) => Presence::Exists,
+            Err(words) if absent(&words) => Presence::Absent,
+            Err(words) => Presence::Unknown(words),
+        }
+    }
+
+    /// Makes one copy unless its destination exists.
+    pub async fn copy(&self, copy: &Copy) -> Outcome {
+        match self.inspect(&copy.destination).await {
+            Presence::Exists => return Outcome::Present,
+            Presence::Absent => {}
+            Presence::Unknown(words) => {
+                return Outcome::Failed(format!(
+                    "could not tell whether docker://{} exists: {}",
+                    copy.destination,
+                    last_line(&words)
+                ));
+            }
+        }
+        let mut args = vec![
+            "copy".to_string(),
+            "--all".to_string(),
+            "--preserve-digests".to_string(),
+        ];
+        if self.insecure {
+            args.push("--src-tls-verify=false".to_string());
+            args.push("--dest-tls-verify=false".to_string());
+        }
+        args.push(format!("docker://{}", copy.source));
+        args.push(format!("docker://{}", copy.destination));
+        match self.run(&args).await {
+            Ok(()) => Outcome::Copied,
+            Err(words) if throttled(&words) => Outcome::Throttled(last_line(&words), None),
+            Err(words) => match self.inspect(&copy.source).await {
+                Presence::Absent => Outcome::Gone(last_line(&words)),
+                _ => Outcome::Failed(last_line(&words)),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rstest::rstest]
+    #[case(
+        "reading manifest 1 in docker.io/x: toomanyrequests: You have reached your pull rate limit",
+        true
+    )]
+    #[case("invalid status code from registry 503 (Service Unavailable)", true)]
+    #[case("received unexpected HTTP status: 502 Bad Gateway", true)]
+    #[case("invalid status code from registry 404 (Not Found)", false)]
+    #[case("unauthorized: authentication required", false)]
+    fn throttling_is_told_from_skopeo_s_words(#[case] words: &str, #[case] expected: bool) {
+        assert_eq!(throttled(words), expected);
+    }
+
+    #[rstest::rstest]
+    #[case(
+        "reading manifest 1 in 127.0.0.1:5000/x: manifest unknown: manifest unknown",
+        true
+    )]
+    #[case("Repository \"hub\" not found", true)]
+    #[case("unauthorized: authentication required", false)]
+    #[case("dial tcp 127.0.0.1:1: connect: connection refused", false)]
+    fn absence_is_told_from_skopeo_s_words(#[case] words: &str, #[case] expected: bool) {
+        assert_eq!(absent(words), expected);
+    }
+}

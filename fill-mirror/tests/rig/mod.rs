@@ -1,0 +1,69 @@
+//! The fill job's test rig: the policy repository's own loopback registries and images (shared
+//! with the policy's tests, not copied), a loopback control plane, and the binary itself.
+#![allow(dead_code)]
+
+#[path = "../../../tests/rig/registry.rs"]
+pub mod registry;
+
+#[path = "../../../tests/rig/images.rs"]
+pub mod images;
+
+pub mod plane;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use image_swapper_policy::policy::Policy;
+use image_swapper_policy::settings::parse_settings;
+use serde_json::{Value, json};
+
+/// The binary under test.
+pub fn fill_mirror() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fill-mirror"))
+}
+
+/// `fill-mirror ARGS`, its status, standard output and error.
+pub fn run(args: &[&str]) -> Output {
+    fill_mirror()
+        .args(args)
+        .arg("--log-format")
+        .arg("text")
+        .output()
+        .expect("run fill-mirror")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Settings that route `source` (a registry host) to `mirror/hub`.
+pub fn settings(source: &str, mirror: &str) -> Value {
+    json!({"mirrors": [{"source": source, "target": format!("{mirror}/hub")}]})
+}
+
+pub fn policy(settings: &Value) -> Policy {
+    let parsed = parse_settings(settings.to_string().as_bytes()).expect("settings");
+    Policy::from_settings(&parsed).expect("valid settings")
+}
+
+/// A Pod running `images` (container `c0`, `c1`, ...), with the record admission writes when
+/// the mirror lacks `absent`: written by the policy crate's own writer.
+pub fn recorded_pod(name: &str, images: &[&str], absent: &[&str], policy: &Policy) -> Value {
+    let containers: Vec<Value> = images
+        .iter()
+        .enumerate()
+        .map(|(i, image)| json!({"name": format!("c{i}"), "image": image}))
+        .collect();
+    let mut pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": containers},
+    });
+    image_swapper_policy::pod::fill::write_record(&mut pod, absent, policy);
+    pod
+}
+
+pub fn write_json(path: &Path, value: &Value) {
+    std::fs::write(path, serde_json::to_vec_pretty(value).expect("JSON")).expect("write");
+}

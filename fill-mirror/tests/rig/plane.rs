@@ -1,0 +1,186 @@
+//! A loopback control plane (etcd and kube-apiserver) started by the tools' `start.sh` on free
+//! ports, restartable on the same ports and data, stopped and removed on drop.
+//!
+//! The tools are where `scripts/real-tools.sh` unpacks them (`TOOLS_DIR`, else
+//! `~/.cache/image-swapper-tools`). Absent: outside CI the test says it did not run and how to
+//! get them; under `CI=true` it fails.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+pub struct ControlPlane {
+    tools: PathBuf,
+    data: PathBuf,
+    pub kubeconfig: PathBuf,
+    ports: [u16; 4],
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The tools folder when kube-apiserver and etcd are there.
+pub fn find_tools(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/image-swapper-tools")
+        });
+    let missing: Vec<&str> = ["bin/kube-apiserver", "bin/etcd", "start.sh", "stop.sh"]
+        .into_iter()
+        .filter(|name| !dir.join(name).exists())
+        .collect();
+    if missing.is_empty() {
+        return Some(dir);
+    }
+    let how = format!(
+        "missing in {}: {}; `scripts/real-tools.sh` unpacks them (docs/development.md, The real tools)",
+        dir.display(),
+        missing.join(", ")
+    );
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+        panic!("{test}: the real tools are required in CI: {how}");
+    }
+    eprintln!("SKIPPED {test}: did not run: {how}");
+    None
+}
+
+impl ControlPlane {
+    pub fn start(tools: PathBuf) -> ControlPlane {
+        let data = std::env::temp_dir().join(format!(
+            "fill-mirror-k8s-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&data).expect("data folder");
+        let plane = ControlPlane {
+            kubeconfig: data.join("admin.kubeconfig"),
+            tools,
+            data,
+            ports: [free_port(), free_port(), free_port(), free_port()],
+        };
+        plane.up();
+        plane
+    }
+
+    fn up(&self) {
+        let [kube, etcd, peer, kcm] = self.ports;
+        let output = Command::new(self.tools.join("start.sh"))
+            .arg(&self.data)
+            .env("K8S_DIR", &self.tools)
+            .env("KUBE_PORT", kube.to_string())
+            .env("ETCD_PORT", etcd.to_string())
+            .env("ETCD_PEER_PORT", peer.to_string())
+            .env("KCM_PORT", kcm.to_string())
+            .env("START_KCM", "0")
+            .env("KUBECONFIG_OUT", &self.kubeconfig)
+            .output()
+            .expect("start.sh");
+        assert!(
+            output.status.success(),
+            "start.sh: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn down(&self) {
+        let _ = Command::new(self.tools.join("stop.sh"))
+            .arg(&self.data)
+            .env("K8S_DIR", &self.tools)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    /// Stops etcd and the API server and starts them again on the same ports and data, as an
+    /// API server upgrade or crash does under a running watch.
+    pub fn restart(&self) {
+        self.down();
+        self.up();
+    }
+
+    /// `kubectl ARGS` (with `stdin`), which must succeed; its standard output.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl (apt-get install kubectl)");
+        if let Some(mut input) = child.stdin.take() {
+            input
+                .write_all(stdin.unwrap_or_default().as_bytes())
+                .expect("kubectl's stdin");
+        }
+        let output = child.wait_with_output().expect("kubectl");
+        assert!(
+            output.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    pub fn get_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.kubectl(&all, None)).expect("kubectl's JSON")
+    }
+
+    /// Kubewarden's ClusterAdmissionPolicy CRD (the copy the policy's tests use), established.
+    pub fn install_policy_crd(&self) {
+        let crd = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/kubewarden-crds/policies.kubewarden.io_clusteradmissionpolicies.yaml"
+        );
+        self.kubectl(&["apply", "-f", crd], None);
+        self.kubectl(
+            &[
+                "wait",
+                "--for",
+                "condition=established",
+                "--timeout=60s",
+                "crd/clusteradmissionpolicies.policies.kubewarden.io",
+            ],
+            None,
+        );
+    }
+
+    /// The swapping policy `name` with `settings`.
+    pub fn apply_swapping_policy(&self, name: &str, settings: &Value) {
+        let policy = serde_json::json!({
+            "apiVersion": "policies.kubewarden.io/v1",
+            "kind": "ClusterAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "module": "registry://example.com/image-swapper:v0",
+                "mutating": true,
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}],
+                "settings": settings,
+            },
+        });
+        self.kubectl(&["apply", "-f", "-"], Some(&policy.to_string()));
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.down();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
