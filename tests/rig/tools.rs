@@ -70,6 +70,37 @@ impl RealTools {
         self.dir.join("sigstore-trust-config.json")
     }
 
+    /// The built `policy.wasm` annotated by the real kwctl with `metadata.yml` (what
+    /// `make annotated-policy.wasm` makes, and what policy-server needs: it refuses a waPC
+    /// module without the protocol version the annotation records). Made once per test
+    /// process, in a scratch folder.
+    pub fn annotated_policy(&self) -> PathBuf {
+        static ANNOTATED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        ANNOTATED
+            .get_or_init(|| {
+                let root = super::root();
+                let out = scratch_dir("annotated").join("annotated-policy.wasm");
+                let output = Command::new(self.bin("kwctl"))
+                    .arg("annotate")
+                    .arg("-m")
+                    .arg(root.join("metadata.yml"))
+                    .arg("-u")
+                    .arg(root.join("README.md"))
+                    .arg("-o")
+                    .arg(&out)
+                    .arg(root.join("policy.wasm"))
+                    .output()
+                    .expect("kwctl annotate");
+                assert!(
+                    output.status.success(),
+                    "kwctl annotate: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                out
+            })
+            .clone()
+    }
+
     /// `kwctl --version`'s first line, for the headers of what kwctl records.
     pub fn kwctl_version(&self) -> String {
         let output = Command::new(self.bin("kwctl"))
@@ -304,12 +335,28 @@ impl PolicyServer {
         let mut command = Command::new(tools.bin("policy-server"));
         command
             .current_dir(&dir)
-            .args(["--addr", "127.0.0.1", "--log-no-color", "--log-level", "warn"])
+            .args([
+                "--addr",
+                "127.0.0.1",
+                "--log-no-color",
+                "--log-level",
+                "warn",
+            ])
             .args(["--port", &port.to_string()])
             .args(["--readiness-probe-port", &readiness_port.to_string()])
             .args(["--cert-file", "tls.crt", "--key-file", "tls.key"])
-            .args(["--policies", "policies.yml", "--sources-path", "sources.yaml"])
-            .args(["--policies-download-dir", "dl", "--sigstore-cache-dir", "sig"])
+            .args([
+                "--policies",
+                "policies.yml",
+                "--sources-path",
+                "sources.yaml",
+            ])
+            .args([
+                "--policies-download-dir",
+                "dl",
+                "--sigstore-cache-dir",
+                "sig",
+            ])
             .arg("--sigstore-trust-config")
             .arg(tools.sigstore_trust_config())
             .args([
@@ -385,7 +432,12 @@ impl PolicyServer {
         let output = Command::new("curl")
             .args(["-sS", "--fail-with-body", "--max-time", "300", "--cacert"])
             .arg(self.ca_file())
-            .args(["-H", "Content-Type: application/json", "--data-binary", "@-"])
+            .args([
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+                "@-",
+            ])
             .arg(format!("https://127.0.0.1:{}/{path}", self.port))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -1,0 +1,680 @@
+//! The rig's model of policy-server 1.35 held against the real policy-server 1.35: the same
+//! scenarios through both, the built `policy.wasm` in each, and what the policy can observe
+//! compared: the answer (allowed, the patched Pod, warnings, audit annotations, status code and
+//! message), the requests that reached each registry and their order, and the time, within
+//! [`TOLERANCE`].
+//!
+//! The real host runs as kubewarden-controller v1.35.0 configures it (`policies.yml` as its
+//! `policyserver_controller_configmap.go` writes it: `module`, `policyMode`, `allowedToMutate`,
+//! `settings`, `contextAwareResources`, `hostCapabilities`), its registries plain HTTP listed in
+//! `insecure_sources` (as the rig's `LiveHost` asks them over HTTP, and as its texts name them),
+//! each behind [`LatencyProxy::network`]: a network only, one round trip per connection and per
+//! request. The model's registries are behind [`LatencyProxy::start_in`] for 1.35 and
+//! [`Transport::PlainHttp`], which adds what the model says the host costs. Host names differ
+//! between the two (each side has its own proxies); answers are compared with each side's hosts
+//! replaced by the same placeholders.
+//!
+//! Needs the real tools (`rig::tools`): outside CI, without them, each test says it did not run.
+
+mod rig;
+
+use std::time::{Duration, Instant};
+
+use rig::hosts::{LiveHost, PolicyServer as ModelServer};
+use rig::proxy::{HostModel, HostProcess, LatencyProxy, Transport};
+use rig::registry::{TestRegistry, TlsTwin};
+use rig::tools::{PolicyServer as RealServer, PolicyServerOptions, RealTools, ServingCertificate};
+use rig::{Response, pod_request};
+use serde_json::{Value, json};
+
+/// The policy's key in `policies.yml`, as the controller names a ClusterAdmissionPolicy.
+const ID: &str = "clusterwide-image-swapper";
+
+/// How far apart the model's time and the host's may be: 25% of the host's, and at least 150 ms
+/// (a POST to the real policy-server also pays curl's start and its TLS handshake, 20-40 ms
+/// here, and the machine is shared by parallel builds).
+fn within_tolerance(model: Duration, host: Duration) -> bool {
+    let allowed = (host / 4).max(Duration::from_millis(150));
+    model.abs_diff(host) <= allowed
+}
+
+/// `policies.yml` with the policy, as the controller writes it for a ClusterAdmissionPolicy
+/// (`namespacedName`, `module`, `policyMode`, `allowedToMutate`, `contextAwareResources` when
+/// any, `settings`, `timeoutEvalSeconds` when set, `hostCapabilities: ["*"]` for a cluster-wide
+/// policy).
+fn policies_yml(tools: &RealTools, settings: &Value, context_aware: &[(&str, &str)]) -> String {
+    let module = tools.annotated_policy();
+    let mut entry = json!({
+        "namespacedName": {"namespace": "", "name": "image-swapper"},
+        "module": format!("file://{}", module.display()),
+        "policyMode": "protect",
+        "allowedToMutate": true,
+        "settings": settings,
+        "hostCapabilities": ["*"],
+    });
+    if !context_aware.is_empty() {
+        entry["contextAwareResources"] = context_aware
+            .iter()
+            .map(|(api_version, kind)| json!({"apiVersion": api_version, "kind": kind}))
+            .collect();
+    }
+    serde_yaml::to_string(&json!({ ID: entry })).expect("policies.yml")
+}
+
+/// What the policy's answer shows the API server, from either host, with host names replaced.
+#[derive(Debug, PartialEq, Clone)]
+struct Observed {
+    allowed: bool,
+    /// The Pod after the patch; `None` when nothing changed.
+    patched: Option<Value>,
+    warnings: Vec<String>,
+    audit: serde_json::Map<String, Value>,
+    code: Option<u64>,
+    message: Option<String>,
+}
+
+/// Replaces each `(name, placeholder)` in every string of `value`.
+fn renamed(value: &Value, names: &[(String, String)]) -> Value {
+    let text = names
+        .iter()
+        .fold(value.to_string(), |text, (name, placeholder)| {
+            text.replace(name.as_str(), placeholder)
+        });
+    serde_json::from_str(&text).expect("renamed JSON")
+}
+
+impl Observed {
+    /// From the real policy-server's AdmissionReview, the patch applied to `request`'s object.
+    fn from_review(review: &Value, request: &Value, names: &[(String, String)]) -> Observed {
+        let response = &review["response"];
+        let patched = response["patch"].as_str().map(|patch| {
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(patch)
+                .expect("the patch is base64");
+            let patch: json_patch::Patch =
+                serde_json::from_slice(&bytes).expect("the patch is a JSON patch");
+            let mut object = request["object"].clone();
+            json_patch::patch(&mut object, &patch).expect("the patch applies");
+            object
+        });
+        let observed = Observed {
+            allowed: response["allowed"].as_bool().expect("allowed"),
+            patched: patched.filter(|object| *object != request["object"]),
+            warnings: strings(&response["warnings"]),
+            audit: response["auditAnnotations"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(key, text)| {
+                    let text = text.as_str().unwrap_or_default();
+                    (
+                        key.clone(),
+                        serde_json::from_str(text).unwrap_or_else(|_| json!(text)),
+                    )
+                })
+                .collect(),
+            code: response["status"]["code"].as_u64(),
+            message: response["status"]["message"].as_str().map(str::to_string),
+        };
+        observed.renamed(names)
+    }
+
+    /// From the rig's answer.
+    fn from_model(response: &Response, request: &Value, names: &[(String, String)]) -> Observed {
+        let observed = Observed {
+            allowed: response.accepted,
+            patched: response
+                .mutated
+                .clone()
+                .filter(|object| *object != request["object"]),
+            warnings: response.warnings.clone(),
+            audit: response.audit.clone(),
+            code: response.code,
+            message: response.message.clone(),
+        };
+        observed.renamed(names)
+    }
+
+    /// The times the policy measured, which the answers carry (its audit summary's
+    /// `evaluationMilliseconds` and `lookupMilliseconds`): compared as times, not as answers.
+    fn measured(&self) -> Vec<(String, u64)> {
+        let summary = self.audit.get("summary").and_then(Value::as_object);
+        ["evaluationMilliseconds", "lookupMilliseconds"]
+            .iter()
+            .filter_map(|key| Some((key.to_string(), summary?.get(*key)?.as_u64()?)))
+            .collect()
+    }
+
+    /// Without the times the policy measured ([`Observed::measured`]).
+    fn answer(&self) -> Observed {
+        let mut answer = self.clone();
+        if let Some(summary) = answer
+            .audit
+            .get_mut("summary")
+            .and_then(Value::as_object_mut)
+        {
+            for key in ["evaluationMilliseconds", "lookupMilliseconds"] {
+                if summary.contains_key(key) {
+                    summary.insert(key.to_string(), json!("measured"));
+                }
+            }
+        }
+        answer
+    }
+
+    fn renamed(self, names: &[(String, String)]) -> Observed {
+        let rename_text = |text: &str| match renamed(&json!(text), names) {
+            Value::String(text) => text,
+            _ => text.to_string(),
+        };
+        Observed {
+            allowed: self.allowed,
+            patched: self.patched.map(|p| renamed(&p, names)),
+            warnings: self.warnings.iter().map(|w| rename_text(w)).collect(),
+            audit: match renamed(&Value::Object(self.audit), names) {
+                Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            },
+            code: self.code,
+            message: self.message.as_deref().map(rename_text),
+        }
+    }
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect()
+}
+
+/// A Pod of `images` in `namespace`.
+fn pod_in(namespace: &str, images: &[&str]) -> Value {
+    let containers: Vec<Value> = images
+        .iter()
+        .enumerate()
+        .map(|(i, image)| json!({"name": format!("c{i}"), "image": image}))
+        .collect();
+    let mut request = pod_request("CREATE", json!({ "containers": containers }));
+    request["namespace"] = json!(namespace);
+    request["object"]["metadata"]["namespace"] = json!(namespace);
+    request
+}
+
+fn pod(images: &[&str]) -> Value {
+    pod_in("default", images)
+}
+
+/// One scenario's upstream: where a registry answers, as each side reaches it.
+struct Upstream {
+    /// `127.0.0.1:PORT` of the registry over plain HTTP (or of a port nothing listens on, or
+    /// of another server): what the model asks, and the host too over [`Transport::PlainHttp`].
+    address: String,
+    /// The same registry over HTTPS, which the host asks over [`Transport::Https`].
+    tls: Option<TlsTwin>,
+    /// Its name in the compared answers.
+    placeholder: String,
+    /// Reached without a proxy: a port nothing listens on refuses the connection itself,
+    /// where a proxy would accept it and then close it.
+    direct: bool,
+}
+
+impl Upstream {
+    fn plain(address: &str, placeholder: &str) -> Upstream {
+        Upstream {
+            address: address.to_string(),
+            tls: None,
+            placeholder: placeholder.to_string(),
+            direct: false,
+        }
+    }
+
+    /// A port nothing listens on, asked without a proxy.
+    fn refusing(placeholder: &str) -> Upstream {
+        Upstream {
+            direct: true,
+            ..Upstream::plain(
+                &format!("127.0.0.1:{}", rig::tools::free_port()),
+                placeholder,
+            )
+        }
+    }
+
+    /// `registry`, over HTTPS too with `certificate`.
+    fn registry(
+        registry: &TestRegistry,
+        placeholder: &str,
+        certificate: &ServingCertificate,
+    ) -> Upstream {
+        Upstream {
+            address: registry.host.clone(),
+            tls: Some(
+                registry
+                    .tls_twin(&certificate.cert_pem, &certificate.key_pem)
+                    .expect("TLS registry"),
+            ),
+            placeholder: placeholder.to_string(),
+            direct: false,
+        }
+    }
+}
+
+/// How one side reaches one upstream.
+struct Route {
+    /// The host name the side's settings and Pods use for the upstream.
+    host: String,
+    proxy: Option<LatencyProxy>,
+    /// The host reaches it over HTTPS: what reached the registry is in its TLS twin's log.
+    over_tls: bool,
+}
+
+/// The real policy-server and the rig's model of it, each with its own routes to the same
+/// upstreams.
+struct Sides<'a> {
+    upstreams: &'a [Upstream],
+    real: RealServer,
+    real_routes: Vec<Route>,
+    model: ModelServer<LiveHost>,
+    model_routes: Vec<Route>,
+    /// The settings with the placeholders.
+    settings: Value,
+}
+
+/// What one admission gave on one side.
+struct Admission {
+    observed: Observed,
+    took: Duration,
+}
+
+impl<'a> Sides<'a> {
+    /// Starts both hosts with `settings`, where each upstream's placeholder stands for its
+    /// address; `round_trip` away.
+    fn start(
+        tools: &RealTools,
+        upstreams: &'a [Upstream],
+        round_trip: Duration,
+        settings: &Value,
+        options: Options,
+    ) -> Sides<'a> {
+        let process = HostProcess::fresh();
+        let mut real_routes = Vec::new();
+        let mut model_routes = Vec::new();
+        let mut sources = json!({"insecure_sources": [], "source_authorities": {}});
+        for upstream in upstreams {
+            let (address, transport) = match (&upstream.tls, options.transport) {
+                (Some(twin), Transport::Https) => (twin.host.as_str(), Transport::Https),
+                _ => (upstream.address.as_str(), Transport::PlainHttp),
+            };
+            let (real, model) = if upstream.direct {
+                (
+                    (address.to_string(), None),
+                    (upstream.address.clone(), None),
+                )
+            } else {
+                let real = LatencyProxy::network(address, round_trip).expect("proxy");
+                let model = LatencyProxy::start_in(
+                    &upstream.address,
+                    round_trip,
+                    HostModel::V1_35,
+                    transport,
+                    &process,
+                )
+                .expect("proxy");
+                (
+                    (real.host.clone(), Some(real)),
+                    (model.host.clone(), Some(model)),
+                )
+            };
+            match (transport, &options.certificate) {
+                (Transport::Https, Some(certificate)) => {
+                    sources["source_authorities"][&real.0] =
+                        json!([{"type": "Data", "data": certificate.cert_pem}]);
+                }
+                _ => {
+                    sources["insecure_sources"]
+                        .as_array_mut()
+                        .expect("a list")
+                        .push(json!(real.0));
+                }
+            }
+            real_routes.push(Route {
+                host: real.0,
+                proxy: real.1,
+                over_tls: transport == Transport::Https,
+            });
+            model_routes.push(Route {
+                host: model.0,
+                proxy: model.1,
+                over_tls: false,
+            });
+        }
+        let sources = serde_yaml::to_string(&sources).expect("sources.yaml");
+        let sides = |routes: &[Route]| -> Vec<(String, String)> {
+            upstreams
+                .iter()
+                .zip(routes)
+                .map(|(u, r)| (u.placeholder.clone(), r.host.clone()))
+                .collect()
+        };
+        let real_settings = renamed(settings, &sides(&real_routes));
+        let context_aware: Vec<(&str, &str)> = options
+            .context_aware
+            .iter()
+            .map(|(a, k)| (a.as_str(), k.as_str()))
+            .collect();
+        let real = RealServer::start(
+            tools,
+            &policies_yml(tools, &real_settings, &context_aware),
+            PolicyServerOptions {
+                kubeconfig: options.kubeconfig.as_deref(),
+                sources: Some(&sources),
+                workers: Some(options.workers),
+                policy_timeout: Some(HostModel::V1_35.policy_timeout()),
+                env: Vec::new(),
+            },
+        );
+        let model = ModelServer::for_model(
+            LiveHost {
+                cluster: options.cluster,
+                error_shape: HostModel::V1_35.error_shape(),
+                ..LiveHost::default()
+            },
+            HostModel::V1_35,
+        );
+        Sides {
+            upstreams,
+            real,
+            real_routes,
+            model,
+            model_routes,
+            settings: settings.clone(),
+        }
+    }
+
+    /// `(placeholder, host)` of each upstream on the side of `routes`.
+    fn names(&self, routes: &[Route]) -> Vec<(String, String)> {
+        self.upstreams
+            .iter()
+            .zip(routes)
+            .map(|(u, r)| (u.placeholder.clone(), r.host.clone()))
+            .collect()
+    }
+
+    /// `(host, placeholder)`: to read a side's answer.
+    fn back(&self, routes: &[Route]) -> Vec<(String, String)> {
+        self.names(routes)
+            .into_iter()
+            .map(|(placeholder, host)| (host, placeholder))
+            .collect()
+    }
+
+    fn admit_real(&self, request: &Value) -> Admission {
+        let request = renamed(request, &self.names(&self.real_routes));
+        let (review, took) = self
+            .real
+            .post(&format!("validate/{ID}"), &RealServer::review(&request));
+        Admission {
+            observed: Observed::from_review(&review, &request, &self.back(&self.real_routes)),
+            took,
+        }
+    }
+
+    fn admit_model(&self, request: &Value) -> Admission {
+        let request = renamed(request, &self.names(&self.model_routes));
+        let settings = renamed(&self.settings, &self.names(&self.model_routes));
+        rig::policy();
+        let started = Instant::now();
+        let response = rig::validate(&settings, &request, self.model.evaluation());
+        let took = started.elapsed();
+        Admission {
+            observed: Observed::from_model(&response, &request, &self.back(&self.model_routes)),
+            took,
+        }
+    }
+
+    /// The HTTP requests each side's registries answered so far, `PLACEHOLDER METHOD PATH`, in
+    /// order per registry: `(host, model)`. The host's attempts at HTTPS on a plain registry
+    /// (TLS records a plain registry cannot read) are left out: see [`Sides::https_attempts`].
+    fn seen(&self) -> (Vec<String>, Vec<String>) {
+        let seen = |routes: &[Route]| -> Vec<String> {
+            self.upstreams
+                .iter()
+                .zip(routes)
+                .flat_map(|(upstream, route)| {
+                    let lines = match (&upstream.tls, &route.proxy) {
+                        (Some(twin), _) if route.over_tls => twin.requests(),
+                        (_, Some(proxy)) => proxy
+                            .seen()
+                            .into_iter()
+                            .filter(|line| line != "TLS" && line != "?")
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    lines
+                        .into_iter()
+                        .map(|line| format!("{} {line}", upstream.placeholder))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        (seen(&self.real_routes), seen(&self.model_routes))
+    }
+
+    /// How many TLS handshakes the host began on plain registries (its HTTPS attempts before
+    /// plain HTTP, for `insecure_sources`).
+    fn https_attempts(&self) -> Vec<(String, usize)> {
+        self.upstreams
+            .iter()
+            .zip(&self.real_routes)
+            .filter(|(_, route)| !route.over_tls)
+            .filter_map(|(upstream, route)| Some((upstream, route.proxy.as_ref()?)))
+            .map(|(upstream, proxy)| {
+                let handshakes = proxy.seen().iter().filter(|line| *line == "TLS").count();
+                (upstream.placeholder.clone(), handshakes)
+            })
+            .collect()
+    }
+}
+
+/// How a scenario starts its hosts beyond the registries.
+struct Options {
+    /// How the host reaches the registries that have a TLS twin: over HTTPS with the
+    /// certificate's CA in `source_authorities`, or over plain HTTP listed in
+    /// `insecure_sources` (the sources.yaml the controller writes from a PolicyServer's
+    /// `sourceAuthorities` and `insecureSources`). Every other upstream is insecure.
+    transport: Transport,
+    certificate: Option<ServingCertificate>,
+    workers: usize,
+    context_aware: Vec<(String, String)>,
+    kubeconfig: Option<std::path::PathBuf>,
+    cluster: Option<rig::kubernetes::Cluster>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            transport: Transport::PlainHttp,
+            certificate: None,
+            workers: 2,
+            context_aware: Vec::new(),
+            kubeconfig: None,
+            cluster: None,
+        }
+    }
+}
+
+/// Admits `request` on both sides (the host first), prints both, and asserts that the answers
+/// are the same and the times within [`within_tolerance`]; gives both.
+fn same_answer_in_time(sides: &Sides<'_>, what: &str, request: &Value) -> (Admission, Admission) {
+    let host = sides.admit_real(request);
+    let model = sides.admit_model(request);
+    println!(
+        "{what}: host {} ms, model {} ms; the policy measured {:?} under the host, {:?} under the model",
+        host.took.as_millis(),
+        model.took.as_millis(),
+        host.observed.measured(),
+        model.observed.measured(),
+    );
+    assert_eq!(
+        model.observed.answer(),
+        host.observed.answer(),
+        "{what}: the answers"
+    );
+    // The time the policy observes is what it measures itself (its audit summary); the
+    // POST's time beside it also holds curl's start, the TLS handshake with policy-server and
+    // policy-server's own work, which the model does not stand for.
+    let (host_ms, model_ms) = match (
+        host.observed.measured().first(),
+        model.observed.measured().first(),
+    ) {
+        (Some((_, host)), Some((_, model))) => (*host, *model),
+        _ => (host.took.as_millis() as u64, model.took.as_millis() as u64),
+    };
+    assert!(
+        within_tolerance(
+            Duration::from_millis(model_ms),
+            Duration::from_millis(host_ms)
+        ),
+        "{what}: {model_ms} ms under the model, {host_ms} ms under the host"
+    );
+    (host, model)
+}
+
+fn mirror_with_apps(name: &str, n: usize) -> TestRegistry {
+    let registry = TestRegistry::start(name).expect("registry");
+    rig::images::push_apps(&registry, "hub", n);
+    registry
+}
+
+/// The same certificate twice (a [`ServingCertificate`] is not `Clone`).
+fn copy(certificate: &ServingCertificate) -> ServingCertificate {
+    ServingCertificate {
+        cert_pem: certificate.cert_pem.clone(),
+        key_pem: certificate.key_pem.clone(),
+    }
+}
+
+/// Asserts that both sides' registries saw the same requests in the same order.
+fn same_requests(sides: &Sides<'_>, what: &str) {
+    let (host, model) = sides.seen();
+    println!("{what}: the registries saw {host:#?}");
+    assert_eq!(
+        model, host,
+        "{what}: the requests that reached the registries"
+    );
+}
+
+/// One lookup that finds the image, over HTTPS 30 ms away: the first of a fresh process and
+/// a later one. The host's first lookup costs more than its later ones; the model adds
+/// [`HostModel::cold_start`] to it.
+#[test]
+fn one_lookup_that_finds_the_image_over_https() {
+    let Some(tools) = RealTools::find("one_lookup_that_finds_the_image_over_https") else {
+        return;
+    };
+    let mirror = mirror_with_apps("mvh-one", 3);
+    let certificate = ServingCertificate::loopback();
+    let upstreams = [Upstream::registry(&mirror, "MIRROR", &certificate)];
+    let sides = Sides::start(
+        &tools,
+        &upstreams,
+        Duration::from_millis(30),
+        &json!({"mirrors": [{"source": "docker.io", "target": "MIRROR/hub"}]}),
+        Options {
+            transport: Transport::Https,
+            certificate: Some(copy(&certificate)),
+            ..Options::default()
+        },
+    );
+    let (first, _) = same_answer_in_time(&sides, "the first lookup", &pod(&["app0:1"]));
+    assert!(
+        first.observed.patched.is_some(),
+        "swapped: {:?}",
+        first.observed
+    );
+    for i in 1..3 {
+        same_answer_in_time(
+            &sides,
+            &format!("lookup {}", i + 1),
+            &pod(&[&format!("app{i}:1")]),
+        );
+    }
+    same_requests(&sides, "three lookups");
+}
+
+/// A lookup that fails each way, each registry plain HTTP in `insecure_sources` (where the
+/// host's words name `http://` as the model's do), 30 ms away: the image absent, the connection
+/// refused (no proxy: nothing listens), the registry answering 500, and one that wants
+/// credentials nobody gave. The answers carry the host's error texts in their warnings.
+#[test]
+fn a_lookup_that_fails_each_way() {
+    let Some(tools) = RealTools::find("a_lookup_that_fails_each_way") else {
+        return;
+    };
+    let mirror = mirror_with_apps("mvh-fail", 1);
+    let locked = TestRegistry::start_with_basic_auth("mvh-locked", "rig", "secret")
+        .expect("registry with basic auth");
+    // A relay that answers 500 to every request, and closes a TLS handshake at once as a
+    // registry's HTTP server does. (A server that reads a ClientHello and never answers, as
+    // tiny_http alone does, holds the host's HTTPS attempt for ever: its client has no
+    // timeout. The model's plain-HTTP transport does not model that.)
+    let (failing, stop) = rig::front::relay("registry answering 500", &mirror.host, |_, _| {
+        Some((
+            500,
+            r#"{"errors":[{"code":"UNKNOWN","message":"internal failure"}]}"#.to_string(),
+        ))
+    })
+    .expect("failing registry");
+    let upstreams = [
+        Upstream::plain(&mirror.host, "MIRROR"),
+        Upstream::refusing("REFUSING"),
+        Upstream::plain(&failing, "FAILING"),
+        Upstream::plain(&locked.host, "LOCKED"),
+    ];
+    let settings = json!({"mirrors": [
+        {"source": "absent.example", "target": "MIRROR/hub"},
+        {"source": "refused.example", "target": "REFUSING/hub"},
+        {"source": "failing.example", "target": "FAILING/hub"},
+        {"source": "locked.example", "target": "LOCKED/hub"},
+    ]});
+    let sides = Sides::start(
+        &tools,
+        &upstreams,
+        Duration::from_millis(30),
+        &settings,
+        Options::default(),
+    );
+    // A first lookup warms both processes (the first lookup's own cost is the HTTPS test's).
+    sides.admit_real(&pod(&["absent.example/library/app0:1"]));
+    sides.admit_model(&pod(&["absent.example/library/app0:1"]));
+    for (what, image) in [
+        ("absent", "absent.example/library/nothing:1"),
+        ("refused", "refused.example/library/app0:1"),
+        ("answering 500", "failing.example/library/app0:1"),
+        ("unauthorized", "locked.example/library/app0:1"),
+    ] {
+        let (host, _) = same_answer_in_time(&sides, what, &pod(&[image]));
+        let stored = host.observed.patched.as_ref().map(|pod| &pod["spec"]);
+        assert!(
+            host.observed.allowed
+                && stored.is_none_or(|spec| spec["containers"][0]["image"] == json!(image)),
+            "{what}: kept: {:?}",
+            host.observed
+        );
+        assert!(
+            !host.observed.warnings.is_empty(),
+            "{what}: a warning: {:?}",
+            host.observed
+        );
+    }
+    same_requests(&sides, "the failing lookups");
+    println!(
+        "the host began TLS handshakes on the plain registries: {:?}",
+        sides.https_attempts()
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+}
