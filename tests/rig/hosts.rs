@@ -482,18 +482,15 @@ impl LiveHost {
     }
 
     /// `oci/v2/verify`, as policy-server 1.35 answers it: see `cosign.rs` for the steps and
-    /// their texts. The image's digest is asked in one session, the signature manifest and its
-    /// blobs in a second (a new connection and its own `GET /v2/`), so that a verification
-    /// costs what the real host's measured: about two lookups (KUBEWARDEN.md, policy-server
-    /// 1.35 at 50 ms: 531-703 ms, median 532, against 218-319 ms, median 268, for a lookup).
-    /// Under the 1.35 model a lookup 50 ms away costs six round trips and 40 ms (340 ms) and a
-    /// verification thirteen and 80 ms (730 ms, 2.1 lookups); under 1.31, four and 15 ms (215
-    /// ms) against nine and 30 ms (480 ms, 2.2), derived the same way; 1.38 as 1.35. With one
-    /// session it cost 1.3 lookups (eight round trips and 40 ms on 1.35). Which request of the
-    /// real host's verification makes the second connection was not traced (sigstore-rs
-    /// `triangulate` then `trusted_signature_layers`, each through oci-client, which pings
-    /// `/v2/` for an anonymous registry at each call): the model puts it where the signature
-    /// is fetched.
+    /// their texts. One session (one connection): `GET /v2/`, the image's digest by `HEAD`,
+    /// `GET /v2/` again, the signature manifest, its config blob, its layers. Held against the
+    /// real 1.35 (`tests/model_vs_host.rs`, HTTPS 50 ms away): the host made those requests
+    /// and more (a `GET /v2/` before each, the signature manifest twice), in 535-549 ms where
+    /// one lookup took about 290 ms; KUBEWARDEN.md's earlier measurement, 531-703 ms (median
+    /// 532) against 218-319 ms (median 268). Under the 1.35 model a lookup 50 ms away costs six
+    /// round trips and 40 ms (340 ms) and a verification ten and 40 ms (540 ms); under 1.31,
+    /// four and 15 ms (215 ms) against eight and 15 ms (415 ms). The rig had asked the
+    /// signature in a second session (a new connection), which cost 730 ms on the 1.35 model.
     fn verify(&self, request: &Value) -> Result<String, String> {
         let image = request["image"].as_str().unwrap_or_default();
         let (session, urls, repository) = self.open(image)?;
@@ -530,7 +527,12 @@ impl LiveHost {
             }
         };
         let tag = super::cosign::signature_tag(&digest);
-        let (session, _, _) = self.open(image)?;
+        // The signature is asked on the same connection, after pinging `/v2/` again.
+        if let Ok(response) | Err(ureq::Error::Status(_, response)) =
+            session.agent.get(&format!("{}/v2/", session.base)).call()
+        {
+            let _ = response.into_string();
+        }
         let manifest_urls = session.urls(&format!("/v2/{repository}/manifests/{tag}"));
         // Any failure to pull the signature manifest is "no signatures" (policy-fetcher maps
         // sigstore's RegistryPullManifestError to it, whatever its cause).
@@ -546,6 +548,13 @@ impl LiveHost {
                 return Err(self.render(&[format!("no signatures found for image: {image} ")]));
             }
         };
+        // sigstore-rs reads the signature manifest's config blob before its layers.
+        if let Some(config) = manifest.pointer("/config/digest").and_then(Value::as_str) {
+            let urls = session.urls(&format!("/v2/{repository}/blobs/{config}"));
+            if let Ok(response) = session.request("GET", &urls.0).call() {
+                let _ = response.into_string();
+            }
+        }
         let layers = super::cosign::SignatureLayer::read_all(&manifest, &digest, |blob| {
             let urls = session.urls(&format!("/v2/{repository}/blobs/{blob}"));
             let mut bytes = Vec::new();
