@@ -1,20 +1,26 @@
 //! The rig's model of policy-server 1.35 held against the real policy-server 1.35: the same
-//! scenarios through both, the built `policy.wasm` in each, and what the policy can observe
-//! compared: the answer (allowed, the patched Pod, warnings, audit annotations, status code and
-//! message), the requests that reached each registry and their order, and the time, within
-//! [`TOLERANCE`].
+//! scenarios through both, the built module (annotated by the real kwctl) in each, and what the
+//! policy can observe compared: the answer (allowed, the patched Pod, warnings, audit
+//! annotations, status code and message), the requests that reached each registry and their
+//! order, and the time the policy measured, within [`within_tolerance`].
 //!
-//! The real host runs as kubewarden-controller v1.35.0 configures it (`policies.yml` as its
-//! `policyserver_controller_configmap.go` writes it: `module`, `policyMode`, `allowedToMutate`,
-//! `settings`, `contextAwareResources`, `hostCapabilities`), its registries plain HTTP listed in
-//! `insecure_sources` (as the rig's `LiveHost` asks them over HTTP, and as its texts name them),
-//! each behind [`LatencyProxy::network`]: a network only, one round trip per connection and per
-//! request. The model's registries are behind [`LatencyProxy::start_in`] for 1.35 and
-//! [`Transport::PlainHttp`], which adds what the model says the host costs. Host names differ
-//! between the two (each side has its own proxies); answers are compared with each side's hosts
-//! replaced by the same placeholders.
+//! The real host runs as kubewarden-controller v1.35.0 configures it: `policies.yml` as its
+//! `policyserver_controller_configmap.go` writes a ClusterAdmissionPolicy (`namespacedName`,
+//! `module`, `policyMode`, `allowedToMutate`, `contextAwareResources`, `settings`,
+//! `hostCapabilities: ["*"]`), `sources.yaml` with `source_authorities` (a registry over HTTPS,
+//! the registry process's TLS twin) or `insecure_sources` (plain HTTP, where the host's error
+//! texts name `http://` as the rig's `LiveHost`'s do). Each registry is behind
+//! [`LatencyProxy::network`] for the host (the network alone: a round trip per connection and
+//! per request) and behind [`LatencyProxy::start_in`] for the 1.35 model (what the model says
+//! the host costs, over HTTPS or plain HTTP as the host reaches it). Each side has its own
+//! proxies, so host names differ: answers are compared with each side's names replaced by the
+//! same placeholders. The Kubernetes lists go to a real kube-apiserver for the host, and to the
+//! rig's `kubernetes::Cluster` holding the same objects for the model.
 //!
-//! Needs the real tools (`rig::tools`): outside CI, without them, each test says it did not run.
+//! What was found and changed in the model is in the rig's own documentation (`proxy.rs`
+//! `cold_start`, `hosts.rs` `LookupLock`, `cold_verification`, `LiveHost::verify` and its error
+//! texts, `kubernetes.rs`). Needs the real tools (`rig::tools`): outside CI, without them, each
+//! test says it did not run.
 
 mod rig;
 
@@ -31,6 +37,13 @@ use rig::tools::{
 };
 use rig::{Response, pod_request};
 use serde_json::{Value, json};
+
+/// One test at a time: each starts a policy-server (and one a control plane), and their times
+/// are compared; several at once on a small machine would compare the machine's load.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The policy's key in `policies.yml`, as the controller names a ClusterAdmissionPolicy.
 const ID: &str = "clusterwide-image-swapper";
@@ -643,6 +656,7 @@ fn one_lookup_that_finds_the_image_over_https() {
     let Some(tools) = RealTools::find("one_lookup_that_finds_the_image_over_https") else {
         return;
     };
+    let _serial = one_at_a_time();
     let mirror = mirror_with_apps("mvh-one", 3);
     let certificate = ServingCertificate::loopback();
     let upstreams = [Upstream::registry(&mirror, "MIRROR", &certificate)];
@@ -697,6 +711,7 @@ fn a_lookup_that_fails_each_way() {
     let Some(tools) = RealTools::find("a_lookup_that_fails_each_way") else {
         return;
     };
+    let _serial = one_at_a_time();
     let mirror = mirror_with_apps("mvh-fail", 1);
     let locked = TestRegistry::start_with_basic_auth("mvh-locked", "rig", "secret")
         .expect("registry with basic auth");
@@ -859,6 +874,7 @@ fn a_verification_and_two_admissions_at_once() {
     let Some(tools) = RealTools::find("a_verification_and_two_admissions_at_once") else {
         return;
     };
+    let _serial = one_at_a_time();
     let signer = rig::cosign::Signer::generate();
     let mirror = signing_mirror("mvh-sig", &signer);
     let certificate = ServingCertificate::loopback();
@@ -943,6 +959,7 @@ fn a_hang_and_the_evaluation_timeout() {
     let Some(tools) = RealTools::find("a_hang_and_the_evaluation_timeout") else {
         return;
     };
+    let _serial = one_at_a_time();
     let hanging = HangingRegistry::start(Duration::from_secs(3)).expect("hanging registry");
     let certificate = ServingCertificate::loopback();
     let upstreams = [Upstream::hanging(&hanging, "HANGING")];
@@ -1249,6 +1266,7 @@ fn the_kubernetes_list_with_and_without_the_grant() {
     let Some(tools) = RealTools::find("the_kubernetes_list_with_and_without_the_grant") else {
         return;
     };
+    let _serial = one_at_a_time();
     let signer = rig::cosign::Signer::generate();
     let mirror = signing_mirror("mvh-k8s", &signer);
     let certificate = ServingCertificate::loopback();
