@@ -12,7 +12,13 @@
 //! the cluster; with `get` and `list` only, the first list succeeds and the watch that should
 //! follow is refused and retried for ever, so the store never changes again; without `list`,
 //! the first list is refused and retried for ever, and the call never returns (the webhook's
-//! timeout ends the admission). The model holds such a call for [`Cluster::never`].
+//! timeout ends the admission). The model holds such a call for [`Cluster::never`]. Held
+//! against the real 1.35 and a real API server in `tests/model_vs_host.rs`, where the rig had
+//! kept each list 60 s (and shared identical lists in flight on the 1.38 model), answered a
+//! first list at once, and had no RBAC to lack. policy-server 1.38 serves lists the same way
+//! (viccuad/kubewarden-controller @4f232f31 `callback_handler/kubernetes.rs` and
+//! `kubernetes/client.rs`: only `get_resource` and `can_i` have a cache, 5 s), so every model
+//! shares this one.
 //!
 //! From kubewarden-controller v1.35.0: `crates/policy-evaluator/src/runtimes/callback.rs`
 //! (dispatch on `list_resources_all` / `list_resources_by_namespace`, the allow-list and its
