@@ -2,12 +2,34 @@
 //! policies `verifiers` reads: lists served from the objects a test puts in the cluster, the
 //! allow-list of `contextAwareResources` checked first, and `field_masks` applied.
 //!
+//! Each list is served from a reflector of the process, one per kind, namespace, selectors and
+//! field masks (`Reflector::compute_id`): the first call for it builds the reflector and waits
+//! for its first list (`reader.wait_until_ready()` in `Reflector::create_and_run`), which costs
+//! [`Cluster::first_list`]; every later call answers from the reflector's store at once, with
+//! no time cache and nothing shared between calls in flight (policy-evaluator's
+//! `list_resources_*` are not `#[cached]`, and `handle_request` spawns each call). What the
+//! store holds then depends on the PolicyServer's RBAC ([`Access`]): with `watch` it follows
+//! the cluster; with `get` and `list` only, the first list succeeds and the watch that should
+//! follow is refused and retried for ever, so the store never changes again; without `list`,
+//! the first list is refused and retried for ever, and the call never returns (the webhook's
+//! timeout ends the admission). The model holds such a call for [`Cluster::never`]. Held
+//! against the real 1.35 and a real API server in `tests/model_vs_host.rs`, where the rig had
+//! kept each list 60 s (and shared identical lists in flight on the 1.38 model), answered a
+//! first list at once, and had no RBAC to lack. policy-server 1.38 serves lists the same way
+//! (viccuad/kubewarden-controller @4f232f31 `callback_handler/kubernetes.rs` and
+//! `kubernetes/client.rs`: only `get_resource` and `can_i` have a cache, 5 s), so every model
+//! shares this one.
+//!
 //! From kubewarden-controller v1.35.0: `crates/policy-evaluator/src/runtimes/callback.rs`
 //! (dispatch on `list_resources_all` / `list_resources_by_namespace`, the allow-list and its
 //! refusal text), `callback_handler/kubernetes/client.rs` (`list_resources_from_reflector`: the
 //! answer is `{"apiVersion", "kind": "<Kind>List", "metadata": {}, "items"}`),
 //! `callback_handler/kubernetes/field_mask.rs` (masks prune everything but `metadata`,
 //! `apiVersion` and `kind`), and policy-sdk-rust v0.17.3's request structs.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -19,15 +41,37 @@ struct ListRequest {
     api_version: String,
     kind: String,
     namespace: Option<String>,
-    #[allow(dead_code)]
     label_selector: Option<String>,
-    #[allow(dead_code)]
     field_selector: Option<String>,
     field_masks: Option<Vec<String>>,
 }
 
+/// What the PolicyServer's ServiceAccount may do with the kinds the policy lists (its RBAC).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Access {
+    /// `get`, `list` and `watch`: the reflector follows the cluster.
+    #[default]
+    Watch,
+    /// `get` and `list` without `watch`: the first list, then never a change.
+    ListOnly,
+    /// No `list`: the first list is refused and retried for ever; the call never returns.
+    Nothing,
+}
+
+/// What the first list of a reflector cost on the real policy-server 1.35 against a loopback
+/// kube-apiserver 1.36 (`tests/model_vs_host.rs`): the discovery of the kind, the list, and the
+/// wait for the store; 60-170 ms for the four lists of a first admission with `verifiers`,
+/// which then took 620-830 ms where the next took 210-260 (most of the rest is the process's
+/// first verification: `HostModel::cold_verification`).
+pub const FIRST_LIST: Duration = Duration::from_millis(25);
+
+/// How long the model holds a call the host never answers: the longest an API server waits for
+/// a webhook (`timeoutSeconds` is at most 30), after which the admission is over whatever the
+/// host does.
+pub const NEVER: Duration = Duration::from_secs(30);
+
 /// The objects in the cluster and what the policy was granted.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Cluster {
     /// Whole objects, each with its `apiVersion`, `kind` and `metadata` (`namespace` for
     /// namespaced kinds).
@@ -35,6 +79,31 @@ pub struct Cluster {
     /// `contextAwareResources`: `(apiVersion, kind)` pairs; `None` grants every kind (kwctl's
     /// `--allow-context-aware` with this module's metadata, which lists them all).
     pub granted: Option<Vec<(String, String)>>,
+    /// The PolicyServer's RBAC on the listed kinds.
+    pub access: Access,
+    /// What a reflector's first list costs ([`FIRST_LIST`]).
+    pub first_list: Duration,
+    /// How long a call the host never answers is held ([`NEVER`]).
+    pub never: Duration,
+    /// Objects added after the start ([`Cluster::add`]), seen by every copy of this cluster.
+    added: Arc<Mutex<Vec<Value>>>,
+    /// The process's reflectors, by id, each with the objects its store holds when it does not
+    /// follow the cluster: shared by every copy, as one policy-server process shares them.
+    reflectors: Arc<Mutex<BTreeMap<String, Vec<Value>>>>,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            objects: Vec::new(),
+            granted: None,
+            access: Access::default(),
+            first_list: FIRST_LIST,
+            never: NEVER,
+            added: Arc::default(),
+            reflectors: Arc::default(),
+        }
+    }
 }
 
 /// The session tags kwctl records these calls under (policy-evaluator `CallbackRequestType`).
@@ -62,8 +131,63 @@ impl Cluster {
             .collect();
         Cluster {
             objects,
-            granted: None,
+            ..Cluster::default()
         }
+    }
+
+    /// The policies of `verifiers`' kinds as `policy` objects (`kubectl get -o json`'s items).
+    pub fn with_objects(objects: Vec<Value>) -> Cluster {
+        Cluster {
+            objects,
+            ..Cluster::default()
+        }
+    }
+
+    /// Creates `object` in the cluster now: a reflector that watches sees it at its next list.
+    pub fn add(&self, object: Value) {
+        self.added
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(object);
+    }
+
+    /// Every object in the cluster now.
+    fn current(&self) -> Vec<Value> {
+        let added = self.added.lock().unwrap_or_else(|e| e.into_inner());
+        self.objects.iter().chain(added.iter()).cloned().collect()
+    }
+
+    /// The objects the reflector `id` serves now: the cluster's with `watch`; what its first
+    /// list saw without; the first list paid (and never returning without `list`) when the
+    /// process has no such reflector yet.
+    fn served(&self, id: &str) -> Result<Vec<Value>, String> {
+        let known = self
+            .reflectors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        match (known, self.access) {
+            (Some(_), Access::Watch) => return Ok(self.current()),
+            (Some(store), _) => return Ok(store),
+            (None, _) => {}
+        }
+        if self.access == Access::Nothing {
+            std::thread::sleep(self.never);
+            return Err(format!(
+                "the rig held this list for {} s: policy-server never answers it without `list`",
+                self.never.as_secs()
+            ));
+        }
+        std::thread::sleep(self.first_list);
+        let store = self.current();
+        // Two first calls at once each build a reflector (the host's map is read, then written
+        // after the wait); the one written last stays.
+        self.reflectors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string(), store.clone());
+        Ok(store)
     }
 
     /// The host's answer to `operation` with `payload`; the error text is the host's whole
@@ -92,17 +216,41 @@ impl Cluster {
             }
             _ => None,
         };
+        let id = format!(
+            "{}|{}|{:?}|{:?}|{:?}|{:?}",
+            request.api_version,
+            request.kind,
+            namespace,
+            request.label_selector,
+            request.field_selector,
+            request.field_masks
+        );
         let items: Vec<Value> = self
-            .objects
+            .served(&id)?
             .iter()
             .filter(|object| object["kind"] == json!(request.kind))
             .filter(|object| {
                 namespace.is_none_or(|ns| object.pointer("/metadata/namespace") == Some(&json!(ns)))
             })
-            .map(|object| masked(object, request.field_masks.as_deref()))
+            .map(|object| masked(&stored(object), request.field_masks.as_deref()))
             .collect();
         Ok(json!({"apiVersion": request.api_version, "kind": format!("{}List", request.kind), "metadata": {}, "items": items}).to_string())
     }
+}
+
+/// What a reflector keeps of an object (`modify_object` in `reflector.rs`): `managedFields`
+/// emptied and the last-applied annotation removed, through kube's accessors, which write both
+/// fields when they were absent.
+fn stored(object: &Value) -> Value {
+    let mut object = object.clone();
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.insert("managedFields".to_string(), json!([]));
+        let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
+        if let Some(annotations) = annotations.as_object_mut() {
+            annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+    }
+    object
 }
 
 /// `field_mask::prune_in_place` on everything but `apiVersion`, `kind` and `metadata`.

@@ -160,6 +160,52 @@ impl TestRegistry {
         }
     }
 
+    /// The same storage served over HTTPS by a second registry process on a port of its own,
+    /// with `cert_pem` and `key_pem`: what a host that verifies TLS asks, while the tests and
+    /// the rig's hosts push and read over plain HTTP. Stopped on drop.
+    pub fn tls_twin(&self, cert_pem: &str, key_pem: &str) -> anyhow::Result<TlsTwin> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let host = format!("127.0.0.1:{port}");
+        let dir = self.config.with_file_name(format!("tls-{port}"));
+        std::fs::create_dir_all(&dir)?;
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, cert_pem)?;
+        std::fs::write(&key, key_pem)?;
+        let plain = std::fs::read_to_string(&self.config)?;
+        let config = dir.join("config.yml");
+        std::fs::write(
+            &config,
+            plain.replace("disabled: true", "disabled: false").replace(
+                &format!("  addr: {}\n", self.host),
+                &format!(
+                    "  addr: {host}\n  tls:\n    certificate: {}\n    key: {}\n",
+                    cert.display(),
+                    key.display()
+                ),
+            ),
+        )?;
+        let log = dir.join("access.log");
+        let child = Command::new(REGISTRY_BINARY)
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting `{REGISTRY_BINARY}` over TLS"))?;
+        let twin = TlsTwin { host, child, log };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(&twin.host).is_err() {
+            if Instant::now() > deadline {
+                bail!(
+                    "the TLS registry on {} did not listen within 15 s",
+                    twin.host
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(twin)
+    }
+
     fn url(&self, repository: &str, kind: &str, reference: &str) -> String {
         format!("http://{}/v2/{repository}/{kind}/{reference}", self.host)
     }
@@ -252,4 +298,35 @@ pub fn basic_auth(user: &str, password: &str) -> String {
 
 pub fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+/// A registry's storage served over HTTPS ([`TestRegistry::tls_twin`]).
+pub struct TlsTwin {
+    /// `127.0.0.1:PORT`.
+    pub host: String,
+    child: Child,
+    /// Its access log (distribution's, on its standard output).
+    log: PathBuf,
+}
+
+impl TlsTwin {
+    /// `METHOD PATH` of every request it answered so far, in order, from its access log.
+    pub fn requests(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let request = line.split('"').nth(1)?;
+                let mut words = request.split(' ');
+                Some(format!("{} {}", words.next()?, words.next()?))
+            })
+            .collect()
+    }
+}
+
+impl Drop for TlsTwin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
