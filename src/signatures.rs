@@ -22,6 +22,9 @@ pub struct SignatureRule {
     pub check: SignatureCheck,
     /// Annotations every signature must carry.
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Where the rule was written, for messages: `signatures[0]`, or the verifier policy and
+    /// its entry.
+    pub origin: String,
 }
 
 /// What a signature must satisfy: one of the kinds verify-image-signatures knows.
@@ -119,6 +122,23 @@ pub fn verifications_for<'p>(rules: &'p [SignatureRule], image: &str) -> Vec<Ver
         .collect()
 }
 
+/// The rules that match any of `spellings` (the strings a Pod could write for one image), and
+/// their verifications: an image judged under every name a verifier's glob could see.
+pub fn rules_covering<'p>(
+    rules: &'p [SignatureRule],
+    spellings: &[String],
+) -> (Vec<&'p SignatureRule>, Vec<Verification<'p>>) {
+    let matching: Vec<&SignatureRule> = rules
+        .iter()
+        .filter(|rule| spellings.iter().any(|s| rule.image.matches(s)))
+        .collect();
+    let verifications = matching
+        .iter()
+        .flat_map(|rule| rule.verifications())
+        .collect();
+    (matching, verifications)
+}
+
 /// Whether any rule of `signatures` matches `image` as the Pod writes it.
 pub fn covers(rules: &[SignatureRule], image: &str) -> bool {
     rules.iter().any(|rule| rule.image.matches(image))
@@ -153,6 +173,7 @@ mod tests {
             image: Glob::new(image).expect("valid pattern"),
             check,
             annotations: None,
+            origin: format!("signatures rule {image}"),
         }
     }
 

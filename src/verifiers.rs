@@ -156,6 +156,15 @@ fn member_rules(spec: &Value, modules: &[Glob], at: &str) -> Result<Vec<Signatur
     match spec.pointer("/settings/signatures") {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(signatures) => signature_rules_from(signatures)
+            .map(|rules| {
+                rules
+                    .into_iter()
+                    .map(|mut rule| {
+                        rule.origin = format!("{at} settings.{}", rule.origin);
+                        rule
+                    })
+                    .collect()
+            })
             .map_err(|why| format!("{at} (module {module}): settings.{why}")),
     }
 }

@@ -441,7 +441,8 @@ mod tests {
         );
 
         // Still signed at the source: nothing to report. Without the record, or a record the
-        // image is no swap of, the image is checked for presence only.
+        // image is no swap of, the image is judged as the source that routes to it: verified
+        // there too.
         registry
             .verifications
             .insert(SOURCE_BY_DIGEST.to_string(), Ok(DIGEST_A.to_string()));
@@ -457,7 +458,10 @@ mod tests {
                 run(SIGNED_CHECK, pod, &mut registry).verdict,
                 Verdict::Accept
             );
-            assert_eq!(registry.asked, [BY_DIGEST]);
+            assert_eq!(
+                registry.asked,
+                [BY_DIGEST.to_string(), format!("verify {SOURCE_BY_DIGEST}")]
+            );
         }
     }
 }

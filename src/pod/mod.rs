@@ -108,9 +108,32 @@ fn check(
     operation: Operation,
     policy: &Policy,
     registry: &mut impl Registry,
+    cluster: &mut impl Cluster,
     clock: &impl Clock,
 ) -> Outcome {
     let candidates = changed_containers(request, operation);
+    // The verifiers' rules, read as the swap reads them, once there is an image to check.
+    let with_verifiers;
+    let policy = if policy.verifiers.is_empty() || candidates.is_empty() {
+        policy
+    } else {
+        with_verifiers = with_verifier_rules(policy, &request.namespace, cluster);
+        &with_verifiers
+    };
+    if let Some(why) = &policy.verifiers_unreadable {
+        let checked = candidates
+            .iter()
+            .any(|c| crate::decide::check::mirror_image(c.image, &policy.router).is_some());
+        if checked {
+            return Outcome {
+                verdict: Verdict::Error(format!(
+                    "not checked: could not read the verifier policies whose signatures the check applies ({why})"
+                )),
+                warnings: Vec::new(),
+                audit: BTreeMap::new(),
+            };
+        }
+    }
     let limit = Duration::from_millis(policy.lookup_budget_ms);
     let mut budgeted = Budgeted::new(registry, clock, limit);
     let originals = recorded_originals(&request.object);
@@ -188,6 +211,9 @@ pub(super) struct Swap {
     pub(super) pull_secret: Option<String>,
     /// Put back to the swap recorded for it: a re-applied manifest re-sent the original.
     pub(super) reapplied: bool,
+    /// An image the Pod wrote under a mirror's name, written back to its source because it
+    /// does not verify there: not a swap the record of originals names.
+    pub(super) written_back: bool,
 }
 
 /// What the decisions say of the candidates.
@@ -225,7 +251,7 @@ pub fn admit(
         Action::Check if !policy.check_admissions && !is_audit_scan(&request) => {
             return Outcome::unchanged();
         }
-        Action::Check => return check(&request, operation, policy, registry, clock),
+        Action::Check => return check(&request, operation, policy, registry, cluster, clock),
         // The scanner's answer is a report, never applied: a swap there changes nothing, and
         // its lookups would queue every admission behind the host's lock (hundreds of Pods
         // each hour).

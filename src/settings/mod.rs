@@ -41,7 +41,10 @@ pub struct Settings {
     pub mirrors: Vec<MirrorSetting>,
     pub default_mirror: Option<DefaultMirrorSetting>,
     pub swap_policy: SwapPolicy,
-    pub verify_source: bool,
+    /// Unset: tag references of uncovered images are not compared, covered images are verified
+    /// at their source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify_source: Option<bool>,
     pub platforms: Vec<String>,
     pub pin_digest: bool,
     pub on_missing: Fallback,
@@ -81,7 +84,7 @@ impl Default for Settings {
             mirrors: Vec::new(),
             default_mirror: None,
             swap_policy: SwapPolicy::Exists,
-            verify_source: false,
+            verify_source: None,
             platforms: Vec::new(),
             pin_digest: true,
             on_missing: Fallback::Keep,
@@ -137,10 +140,10 @@ impl Policy {
                     .ok()
             })
             .collect();
-        if !settings.platforms.is_empty() && !settings.verify_source {
+        if !settings.platforms.is_empty() && settings.verify_source != Some(true) {
             errors.push("platforms: only used with verifySource: true, which is not set; set it, or remove platforms".to_string());
         }
-        if settings.verify_source && settings.swap_policy == SwapPolicy::Always {
+        if settings.verify_source == Some(true) && settings.swap_policy == SwapPolicy::Always {
             errors.push("verifySource: true needs swapPolicy: exists; swapPolicy: always swaps without looking".to_string());
         }
         let signature_rules = signatures::rules(&settings.signatures, &mut errors);
@@ -191,7 +194,8 @@ impl Policy {
             action: settings.action,
             router: Router::new(rules, default_mirrors, exclude),
             swap_policy: settings.swap_policy,
-            verify_source: settings.verify_source,
+            verify_source: settings.verify_source == Some(true),
+            verify_covered_at_source: settings.verify_source != Some(false),
             platforms,
             pin_digest: settings.pin_digest,
             on_missing: settings.on_missing,
