@@ -99,3 +99,79 @@ impl Router {
         sources
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::decide::tests::policy_from;
+    use crate::reference::Reference;
+    use rstest::rstest;
+
+    const SETTINGS: &str = r#"{"mirrors":[
+        {"source":"docker.io","target":"m.io/hub"},
+        {"source":"docker.io/library","target":"m.io/official"},
+        {"source":"registry.example.com/org","targets":[{"target":"mirror.example.com/cache/org"},{"target":"backup.example.com/org"}]}],
+        "defaultMirror":{"registry":"ecr.example.com/cache"},
+        "exclude":["registry.example.com/org/*:pr-*"]}"#;
+
+    fn sources(image: &str) -> Vec<String> {
+        let policy = policy_from(SETTINGS);
+        let reference = Reference::parse(image).expect("valid reference");
+        policy
+            .router
+            .sources_of(&reference)
+            .iter()
+            .map(|s| format!("{}{}", s.reference, if s.forward { "" } else { " (elsewhere)" }))
+            .collect()
+    }
+
+    #[rstest]
+    #[case::a_rule_inverted("mirror.example.com/cache/org/app:1", &["registry.example.com/org/app:1"])]
+    #[case::a_later_target_of_the_rule("backup.example.com/org/app:1", &["registry.example.com/org/app:1"])]
+    #[case::exclude_sends_it_nowhere(
+        "mirror.example.com/cache/org/app:pr-123",
+        &["registry.example.com/org/app:pr-123 (elsewhere)"]
+    )]
+    #[case::a_more_specific_rule_sends_it_elsewhere(
+        "m.io/hub/library/nginx:1.27",
+        &["docker.io/library/nginx:1.27 (elsewhere)"]
+    )]
+    #[case::the_specific_rule("m.io/official/nginx:1.27", &["docker.io/library/nginx:1.27"])]
+    #[case::a_pinned_image_keeps_its_digest(
+        "m.io/official/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        &["docker.io/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]
+    )]
+    #[case::a_default_port_spelling("m.io:443/hub/org/app:1", &["docker.io/org/app:1"])]
+    #[case::the_default_mirror_layout(
+        "ecr.example.com/cache/quay.io/org/app:1",
+        &["quay.io/org/app:1"]
+    )]
+    #[case::a_default_mirror_path_without_a_host("ecr.example.com/cache/org/app:1", &[])]
+    fn an_image_under_a_target_names_the_sources_that_route_there(
+        #[case] image: &str,
+        #[case] expected: &[&str],
+    ) {
+        assert_eq!(sources(image), expected);
+    }
+
+    #[test]
+    fn the_docker_hub_short_forms_are_spellings_of_a_source() {
+        let policy = policy_from(SETTINGS);
+        let image = Reference::parse("m.io/official/nginx").expect("valid reference");
+        let sources = policy.router.sources_of(&image);
+        let spellings: Vec<String> = sources.iter().flat_map(|s| s.spellings()).collect();
+        assert_eq!(
+            spellings,
+            [
+                "docker.io/library/nginx",
+                "docker.io/library/nginx:latest",
+                "library/nginx",
+                "library/nginx:latest",
+                "nginx",
+                "nginx:latest"
+            ]
+        );
+        let image = Reference::parse("mirror.example.com/cache/org/app:1").expect("valid");
+        let spellings = policy.router.sources_of(&image)[0].spellings();
+        assert_eq!(spellings, ["registry.example.com/org/app:1"]);
+    }
+}

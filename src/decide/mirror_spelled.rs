@@ -130,3 +130,202 @@ fn judged(image: &str, source: &str, covered: &str, decision: Decision) -> Decis
         other => other,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use super::super::{Decision, Reason, decide};
+    use crate::registry::LookupError;
+    use rstest::rstest;
+
+    const KEY: &str = "-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----";
+    const SOURCE: &str = "registry.example.com/org/app:pr-123";
+    const MIRROR: &str = "mirror.example.com/cache/org/app:pr-123";
+
+    /// The organisation's registry to its mirror; rules on the sources as a verifier writes
+    /// them; `extra` adds settings.
+    fn policy(extra: &str) -> crate::policy::Policy {
+        policy_from(&format!(
+            r#"{{"mirrors":[{{"source":"registry.example.com/org","target":"mirror.example.com/cache/org"}},
+            {{"source":"docker.io","target":"m.io/hub"}}],
+            "signatures":[{{"image":"registry.example.com/org/*","pubKeys":[{KEY:?}]}},{{"image":"nginx*","pubKeys":[{KEY:?}]}}]{extra}}}"#
+        ))
+    }
+
+    fn unsigned() -> Result<String, LookupError> {
+        Err(LookupError::Unverified(format!(
+            "no signatures found for image: {SOURCE}"
+        )))
+    }
+
+    fn note_of(decision: &Decision) -> &super::Note {
+        match decision {
+            Decision::Swap { note: Some(note), .. }
+            | Decision::Keep(note)
+            | Decision::Reject(note) => note,
+            other => panic!("no note: {other:?}"),
+        }
+    }
+
+    /// An unsigned source copied into the mirror and written under the mirror's name: never
+    /// admitted there. `keep` writes the source back, which a verifier on sources refuses.
+    #[rstest]
+    #[case::keep_writes_the_source_back("", false)]
+    #[case::reject_refuses(r#","onUnverified":"reject""#, true)]
+    fn an_unsigned_source_written_under_the_mirrors_name_never_runs_there(
+        #[case] extra: &str,
+        #[case] refused: bool,
+    ) {
+        let mut registry = FakeRegistry::default().with(MIRROR, Ok(DIGEST_A));
+        registry.verifications.insert(SOURCE.to_string(), unsigned());
+        let decision = decide(MIRROR, &policy(extra), &mut registry);
+        let note = note_of(&decision);
+        assert_eq!(note.reason, Reason::UnverifiedAtSource);
+        match &decision {
+            Decision::Swap { image, .. } if !refused => {
+                assert_eq!(image, SOURCE);
+                assert!(
+                    note.text.starts_with(&format!("image \"{MIRROR}\": written back to its source \"{SOURCE}\" (covered by signatures[0] (image \"registry.example.com/org/*\"))")),
+                    "{}",
+                    note.text
+                );
+            }
+            Decision::Reject(_) if refused => assert!(
+                note.text.contains(&format!("is the mirror copy of \"{SOURCE}\"")),
+                "{}",
+                note.text
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(registry.asked, [format!("verify {SOURCE}")]);
+    }
+
+    #[test]
+    fn a_signed_source_written_under_the_mirrors_name_is_pinned_to_the_digest_that_verified() {
+        let pinned = format!("mirror.example.com/cache/org/app@{DIGEST_B}");
+        let mut registry = FakeRegistry::default()
+            .with(MIRROR, Ok(DIGEST_A))
+            .with(&pinned, Ok(DIGEST_B));
+        registry
+            .verifications
+            .insert(SOURCE.to_string(), Ok(DIGEST_B.to_string()));
+        let decision = decide(MIRROR, &policy(""), &mut registry);
+        assert_eq!(
+            decision,
+            Decision::Swap {
+                image: format!("{MIRROR}@{DIGEST_B}"),
+                pull_secret: None,
+                note: None
+            }
+        );
+        assert_eq!(registry.asked, [format!("verify {SOURCE}"), pinned]);
+    }
+
+    /// A Pod that pinned a digest is verified at that digest and written back pinned.
+    #[test]
+    fn a_pinned_mirror_image_is_verified_at_its_digest_and_written_back_pinned() {
+        let image = format!("mirror.example.com/cache/org/app@{DIGEST_A}");
+        let source = format!("registry.example.com/org/app@{DIGEST_A}");
+        let mut registry = FakeRegistry::default().with(&image, Ok(DIGEST_A));
+        registry.verifications.insert(source.clone(), unsigned());
+        let decision = decide(&image, &policy(""), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if *image == source),
+            "{decision:?}"
+        );
+        assert_eq!(registry.asked, [format!("verify {source}")]);
+    }
+
+    /// A verification that cannot be made never leaves the image under the mirror's name.
+    #[rstest]
+    #[case::keep("", false)]
+    #[case::reject(r#","onLookupError":"reject""#, true)]
+    fn a_verification_that_cannot_be_made_writes_the_source_back(
+        #[case] extra: &str,
+        #[case] refused: bool,
+    ) {
+        let mut registry = FakeRegistry::default();
+        registry.verifications.insert(
+            SOURCE.to_string(),
+            Err(LookupError::Failed("connection refused".to_string())),
+        );
+        let decision = decide(MIRROR, &policy(extra), &mut registry);
+        match decision {
+            Decision::Swap { image, note, .. } if !refused => {
+                assert_eq!(image, SOURCE);
+                assert_eq!(note.map(|n| n.reason), Some(Reason::LookupError));
+            }
+            Decision::Reject(note) if refused => assert_eq!(note.reason, Reason::LookupError),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `verifySource: false`: the copy the Pod names verifies at the mirror, as a source's copy.
+    #[test]
+    fn with_the_mirrors_tags_trusted_the_copy_itself_must_verify() {
+        let mut registry = FakeRegistry::default();
+        registry
+            .verifications
+            .insert(MIRROR.to_string(), Ok(DIGEST_A.to_string()));
+        let decision = decide(MIRROR, &policy(r#","verifySource":false"#), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if *image == format!("{MIRROR}@{DIGEST_A}")),
+            "{decision:?}"
+        );
+        registry.verifications.insert(MIRROR.to_string(), unsigned());
+        let decision = decide(MIRROR, &policy(r#","verifySource":false"#), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if image == SOURCE),
+            "{decision:?}"
+        );
+    }
+
+    /// Docker Hub's short spellings count: `nginx*` covers `m.io/hub/library/nginx`.
+    #[test]
+    fn a_rule_on_a_short_spelling_covers_the_mirror_image() {
+        let image = "m.io/hub/library/nginx:1.27";
+        let mut registry = FakeRegistry::default();
+        registry.verifications.insert(
+            "docker.io/library/nginx:1.27".to_string(),
+            Err(LookupError::Unverified("no signatures".to_string())),
+        );
+        let decision = decide(image, &policy(""), &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if image == "docker.io/library/nginx:1.27"),
+            "{decision:?}"
+        );
+    }
+
+    /// Nothing to verify: no rule covers its sources, or no rule at all. No lookup.
+    #[rstest]
+    #[case::uncovered_source(&policy(""), "m.io/hub/org/tool:1")]
+    #[case::without_signatures(
+        &policy_from(r#"{"mirrors":[{"source":"registry.example.com/org","target":"mirror.example.com/cache/org"}]}"#),
+        MIRROR
+    )]
+    fn an_image_no_rule_covers_is_left_alone(
+        #[case] policy: &crate::policy::Policy,
+        #[case] image: &str,
+    ) {
+        let mut registry = FakeRegistry::default();
+        assert_eq!(
+            decide(image, policy, &mut registry),
+            Decision::AlreadySwapped
+        );
+        assert!(registry.asked.is_empty());
+    }
+
+    /// Verifier rules that could not be read may cover it: written back, never left unverified.
+    #[test]
+    fn unreadable_verifiers_write_the_source_back() {
+        let mut policy = policy("");
+        policy.verifiers_unreadable = Some("could not list AdmissionPolicy objects".to_string());
+        let mut registry = FakeRegistry::default();
+        let decision = decide(MIRROR, &policy, &mut registry);
+        assert!(
+            matches!(&decision, Decision::Swap { image, .. } if image == SOURCE),
+            "{decision:?}"
+        );
+        assert!(registry.asked.is_empty());
+    }
+}

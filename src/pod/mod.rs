@@ -28,6 +28,8 @@ mod reapply;
 mod record;
 mod report;
 mod unmirrored;
+#[cfg(test)]
+mod signed_tests;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
