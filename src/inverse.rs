@@ -120,7 +120,13 @@ mod tests {
             .router
             .sources_of(&reference)
             .iter()
-            .map(|s| format!("{}{}", s.reference, if s.forward { "" } else { " (elsewhere)" }))
+            .map(|s| {
+                format!(
+                    "{}{}",
+                    s.reference,
+                    if s.forward { "" } else { " (elsewhere)" }
+                )
+            })
             .collect()
     }
 

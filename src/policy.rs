@@ -40,7 +40,8 @@ pub struct Policy {
     pub on_unverified: Fallback,
     /// `verifiers`: patterns on the `spec.module` of the cluster's policies whose `signatures`
     /// count as this policy's own at each admission.
-    pub verifiers: Vec<crate::glob::Glob>,
+    /// `None`: every policy whose `settings.signatures` has verify-image-signatures' shape.
+    pub verifiers: Vec<Option<crate::glob::Glob>>,
     /// Set for one admission when the verifiers could not be read: why. Every image bound for
     /// a mirror is then `onLookupError`'s case, since rules it could not read may cover it.
     pub verifiers_unreadable: Option<String>,

@@ -44,6 +44,10 @@ pub enum SignatureCheck {
         chain: Option<Vec<String>>,
         require_rekor_bundle: bool,
     },
+    /// A verifier's rule this policy could not read (verify-image-signatures would refuse it,
+    /// or reads it in a way no host verification here asks): why, naming the rule. An image
+    /// its `image` pattern matches cannot be verified, and is `onLookupError`'s case.
+    Unreadable(String),
 }
 
 /// One host verification (`oci/v2/verify`), borrowed from its rule: what the host is asked,
@@ -73,6 +77,8 @@ pub enum Verification<'p> {
         require_rekor_bundle: bool,
         annotations: Option<&'p BTreeMap<String, String>>,
     },
+    /// Not asked of the host: the rule could not be read, and why.
+    Unreadable { why: &'p str },
 }
 
 impl SignatureRule {
@@ -107,6 +113,7 @@ impl SignatureRule {
                     annotations,
                 })
                 .collect(),
+            SignatureCheck::Unreadable(why) => vec![Verification::Unreadable { why }],
         }
     }
 }
@@ -160,6 +167,7 @@ impl Verification<'_> {
                 format!("signed in GitHub Actions of {owner:?}")
             }
             Verification::Certificate { .. } => "signed with its certificate".to_string(),
+            Verification::Unreadable { .. } => "verified under a rule it could read".to_string(),
         }
     }
 }

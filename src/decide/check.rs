@@ -157,7 +157,9 @@ impl CheckedImage {
             return Some(match signed_mirror(image, original, &mirror, policy) {
                 Some((spellings, reference)) => CheckedImage::SignedMirror {
                     source: joined(reference.name(), '@', mirror.digest().unwrap_or_default()),
-                    source_tag: reference.tag().map(|tag| joined(reference.name(), ':', tag)),
+                    source_tag: reference
+                        .tag()
+                        .map(|tag| joined(reference.name(), ':', tag)),
                     mirror,
                     spellings,
                 },

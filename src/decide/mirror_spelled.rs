@@ -40,7 +40,12 @@ pub(super) fn decide_mirror_spelled(
     let destination = written_target(reference, chosen, policy);
     if policy.verifiers_unreadable.is_some() {
         let decision = unreadable_verifiers(source, &chosen.reference, &destination, policy);
-        return judged(image, source, "", decision.unwrap_or(Decision::AlreadySwapped));
+        return judged(
+            image,
+            source,
+            "",
+            decision.unwrap_or(Decision::AlreadySwapped),
+        );
     }
     let (rules, verifications) = rules_covering(&policy.signatures, &spellings);
     if rules.is_empty() {
@@ -160,7 +165,9 @@ mod tests {
 
     fn note_of(decision: &Decision) -> &super::Note {
         match decision {
-            Decision::Swap { note: Some(note), .. }
+            Decision::Swap {
+                note: Some(note), ..
+            }
             | Decision::Keep(note)
             | Decision::Reject(note) => note,
             other => panic!("no note: {other:?}"),
@@ -177,7 +184,9 @@ mod tests {
         #[case] refused: bool,
     ) {
         let mut registry = FakeRegistry::default().with(MIRROR, Ok(DIGEST_A));
-        registry.verifications.insert(SOURCE.to_string(), unsigned());
+        registry
+            .verifications
+            .insert(SOURCE.to_string(), unsigned());
         let decision = decide(MIRROR, &policy(extra), &mut registry);
         let note = note_of(&decision);
         assert_eq!(note.reason, Reason::UnverifiedAtSource);
@@ -191,7 +200,8 @@ mod tests {
                 );
             }
             Decision::Reject(_) if refused => assert!(
-                note.text.contains(&format!("is the mirror copy of \"{SOURCE}\"")),
+                note.text
+                    .contains(&format!("is the mirror copy of \"{SOURCE}\"")),
                 "{}",
                 note.text
             ),
@@ -272,7 +282,9 @@ mod tests {
             matches!(&decision, Decision::Swap { image, .. } if *image == format!("{MIRROR}@{DIGEST_A}")),
             "{decision:?}"
         );
-        registry.verifications.insert(MIRROR.to_string(), unsigned());
+        registry
+            .verifications
+            .insert(MIRROR.to_string(), unsigned());
         let decision = decide(MIRROR, &policy(r#","verifySource":false"#), &mut registry);
         assert!(
             matches!(&decision, Decision::Swap { image, .. } if image == SOURCE),

@@ -259,6 +259,10 @@ fn mirror_digest(
 ) -> Result<String, LookupError> {
     let mut verified: Option<String> = None;
     for verification in verifications {
+        // A rule that could not be read asks nothing: the image cannot be verified under it.
+        if let Verification::Unreadable { why } = verification {
+            return Err(LookupError::Failed((*why).to_string()));
+        }
         let answer = match registry.verify(lookup, verification) {
             Ok(answer) => answer,
             Err(LookupError::Unverified(why)) => {
@@ -582,7 +586,11 @@ pub mod tests {
         registry
             .verifications
             .insert(EU.to_string(), Err(unverified()));
-        let decision = decide("nginx:1.27", &signed(&format!("{MIRROR_MODE}{extra}")), &mut registry);
+        let decision = decide(
+            "nginx:1.27",
+            &signed(&format!("{MIRROR_MODE}{extra}")),
+            &mut registry,
+        );
         let (Decision::Keep(note) | Decision::Reject(note)) = &decision else {
             panic!("swapped to a copy that did not verify: {decision:?}");
         };

@@ -84,9 +84,13 @@ pub(super) fn decide_all(
         if let Some(old_image) = running {
             match decisions.get(old_image) {
                 Some(decision) if policy.verifies() => {
-                    reapplied(old_image, decision, &mut reported, &mut verdicts, |image, secret| {
-                        swap(image, secret, image == old_image)
-                    });
+                    reapplied(
+                        old_image,
+                        decision,
+                        &mut reported,
+                        &mut verdicts,
+                        |image, secret| swap(image, secret, image == old_image),
+                    );
                 }
                 _ => verdicts.swaps.push(swap(old_image, None, true)),
             }

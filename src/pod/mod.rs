@@ -27,9 +27,9 @@ mod pull_secrets;
 mod reapply;
 mod record;
 mod report;
-mod unmirrored;
 #[cfg(test)]
 mod signed_tests;
+mod unmirrored;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -116,10 +116,13 @@ fn check(
     let candidates = changed_containers(request, operation);
     // The verifiers' rules, read as the swap reads them, once there is an image to check.
     let with_verifiers;
+    let mut unmatched = None;
     let policy = if policy.verifiers.is_empty() || candidates.is_empty() {
         policy
     } else {
-        with_verifiers = with_verifier_rules(policy, &request.namespace, cluster);
+        let read;
+        (read, unmatched) = with_verifier_rules(policy, &request.namespace, cluster);
+        with_verifiers = read;
         &with_verifiers
     };
     if let Some(why) = &policy.verifiers_unreadable {
@@ -141,19 +144,59 @@ fn check(
     let originals = recorded_originals(&request.object);
     let checked = check_all(&candidates, &originals, policy, &mut budgeted);
     let report = budgeted.report();
-    check_outcome(&checked, &candidates, &originals, policy, &report)
+    let mut outcome = check_outcome(&checked, &candidates, &originals, policy, &report);
+    tell_unmatched(&mut outcome.warnings, &mut outcome.audit, unmatched);
+    outcome
 }
 
 /// The policy for one admission with the rules of the cluster's verifiers beside its own
-/// `signatures`; when they cannot be read, marked so that nothing is swapped unverified.
-fn with_verifier_rules(policy: &Policy, namespace: &str, cluster: &mut impl Cluster) -> Policy {
+/// `signatures`; when they cannot be read, marked so that nothing is swapped unverified. With
+/// it, when a `module` pattern matched no policy: the warning and the audit annotation that
+/// say so, naming the patterns and the policies read.
+fn with_verifier_rules(
+    policy: &Policy,
+    namespace: &str,
+    cluster: &mut impl Cluster,
+) -> (Policy, Option<(String, String)>) {
     let mut policy = policy.clone();
+    let mut unmatched = None;
     match verifier_rules(&policy.verifiers, namespace, cluster) {
-        Ok(rules) => policy.signatures.extend(rules),
+        Ok(read) => {
+            if !read.unmatched.is_empty() {
+                let globs: Vec<String> = read.unmatched.iter().map(|g| format!("{g:?}")).collect();
+                let policies = match read.read.len() {
+                    0 => "none".to_string(),
+                    _ => capped(read.read.clone(), "policies").join(", "),
+                };
+                let warning = format!(
+                    "verifiers: the module pattern{} {} matched no policy read (read: {policies}); images are verified only under the verifiers found, so a verifier loaded from another module name is not applied here: correct the pattern, or omit module to find verifiers by their settings",
+                    if globs.len() == 1 { "" } else { "s" },
+                    globs.join(", ")
+                );
+                let audit = serde_json::json!({"globs": read.unmatched, "read": read.read});
+                unmatched = Some((warning, audit.to_string()));
+            }
+            policy.signatures.extend(read.rules);
+        }
         Err(why) => policy.verifiers_unreadable = Some(why),
     }
-    policy
+    (policy, unmatched)
 }
+
+/// Adds the warning and audit annotation of `module` patterns that matched no policy.
+fn tell_unmatched(
+    warnings: &mut Vec<String>,
+    audit: &mut BTreeMap<String, String>,
+    unmatched: Option<(String, String)>,
+) {
+    if let Some((warning, annotation)) = unmatched {
+        warnings.push(warning);
+        audit.insert(VERIFIERS_UNMATCHED.to_string(), annotation);
+    }
+}
+
+/// The audit annotation naming the `module` patterns of `verifiers` that matched no policy.
+pub const VERIFIERS_UNMATCHED: &str = "verifiers-unmatched";
 
 /// What to answer the API server.
 #[derive(Debug, PartialEq)]
@@ -307,10 +350,13 @@ pub fn admit(
     };
     // The verifiers' rules, read once the admission has images to decide on.
     let with_verifiers;
+    let mut unmatched = None;
     let policy = if policy.verifiers.is_empty() {
         policy
     } else {
-        with_verifiers = with_verifier_rules(policy, &request.namespace, cluster);
+        let read;
+        (read, unmatched) = with_verifier_rules(policy, &request.namespace, cluster);
+        with_verifiers = read;
         &with_verifiers
     };
     let existing_secrets = pull_secret_names(&request.object);
@@ -325,8 +371,9 @@ pub fn admit(
         &mut budgeted,
     );
     let report = budgeted.report();
-    let (warnings, rejections) = messages(&verdicts, policy, &report);
-    let audit = audit_annotations(&verdicts, &report);
+    let (mut warnings, rejections) = messages(&verdicts, policy, &report);
+    let mut audit = audit_annotations(&verdicts, &report);
+    tell_unmatched(&mut warnings, &mut audit, unmatched);
     if !rejections.is_empty() {
         let message = match rejections.len() {
             1 => rejections.into_iter().next().unwrap_or_default(),

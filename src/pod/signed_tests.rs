@@ -224,3 +224,52 @@ fn the_check_role_reports_a_drifted_tag_when_the_mirrors_tags_are_trusted() {
     let outcome = run(&settings, scanned(SWAPPED), &mut registry, &mut NoCluster);
     assert_eq!(outcome.verdict, Verdict::Accept);
 }
+
+/// A `module` pattern that matches no policy read is said, in a warning and an audit
+/// annotation naming the pattern and the policies read.
+#[test]
+fn a_module_pattern_that_matches_no_policy_is_said() {
+    let settings = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],
+        "verifiers":[{"module":"registry://ghcr.io/kubewarden/policies/verify-image-signatures:*"}]}"#;
+    let create = |image: &str| {
+        let mut request = update(pod(image, None), Value::Null);
+        request.operation = "CREATE".to_string();
+        request
+    };
+    let mut registry = FakeRegistry::default().with("m.io/hub/library/busybox:1", Ok(DIGEST_A));
+    let outcome = run(
+        settings,
+        create("busybox:1"),
+        &mut registry,
+        &mut OneVerifier,
+    );
+    assert!(
+        !outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("matched no policy")),
+        "{:?}",
+        outcome.warnings
+    );
+    assert!(!outcome.audit.contains_key(super::VERIFIERS_UNMATCHED));
+    let settings = settings.replace(":*\"}", "@*\"}");
+    let outcome = run(
+        &settings,
+        create("busybox:1"),
+        &mut registry,
+        &mut OneVerifier,
+    );
+    assert!(
+        outcome.warnings.iter().any(|w| w.contains(
+            "verifiers: the module pattern \"registry://ghcr.io/kubewarden/policies/verify-image-signatures@*\" matched no policy read (read: ClusterAdmissionPolicy verify (registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11))"
+        )),
+        "{:?}",
+        outcome.warnings
+    );
+    let audit: Value =
+        serde_json::from_str(&outcome.audit[super::VERIFIERS_UNMATCHED]).expect("JSON");
+    assert_eq!(
+        audit["globs"],
+        json!(["registry://ghcr.io/kubewarden/policies/verify-image-signatures@*"])
+    );
+}

@@ -6,6 +6,7 @@
 //! the pairwise target check, over a handful of rules) and builds no regular expression.
 
 mod exclude;
+mod lenient;
 mod mirrors;
 mod one_to_one;
 mod prefix;
@@ -20,6 +21,8 @@ use crate::rules::Router;
 
 use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
+
+pub use lenient::verifier_rules_from;
 
 pub use mirrors::{DefaultMirrorSetting, MirrorSetting, TargetSetting};
 pub use signatures::{
@@ -74,7 +77,9 @@ pub struct Settings {
 #[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VerifierSetting {
-    pub module: String,
+    /// Unset: every policy whose `settings.signatures` has verify-image-signatures' shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
 }
 
 impl Default for Settings {
@@ -147,16 +152,16 @@ impl Policy {
             errors.push("verifySource: true needs swapPolicy: exists; swapPolicy: always swaps without looking".to_string());
         }
         let signature_rules = signatures::rules(&settings.signatures, &mut errors);
-        let verifiers: Vec<Glob> = settings
+        let verifiers: Vec<Option<Glob>> = settings
             .verifiers
             .iter()
             .enumerate()
-            .filter_map(|(i, verifier)| {
-                Glob::new(&verifier.module)
-                    .map_err(|e| {
-                        errors.push(format!("verifiers[{i}].module: {:?}: {e}", verifier.module))
-                    })
+            .filter_map(|(i, verifier)| match &verifier.module {
+                None => Some(None),
+                Some(module) => Glob::new(module)
+                    .map_err(|e| errors.push(format!("verifiers[{i}].module: {module:?}: {e}")))
                     .ok()
+                    .map(Some),
             })
             .collect();
         // The settings that verify: either list may bring rules at admission.
@@ -228,22 +233,6 @@ fn check_fill_job_usernames(settings: &Settings, errors: &mut Vec<String>) {
 impl Validatable for Settings {
     fn validate(&self) -> Result<(), String> {
         Policy::from_settings(self).map(|_| ())
-    }
-}
-
-/// The rules of a `signatures` list found in another policy's settings (a verifier's), validated
-/// as this policy's own; the error names `signatures[i]`, the field and the value.
-pub fn signature_rules_from(
-    list: &serde_json::Value,
-) -> Result<Vec<crate::signatures::SignatureRule>, String> {
-    let settings: Vec<SignatureSetting> = serde_path_to_error::deserialize(list)
-        .map_err(|e| format!("signatures{}: {}", e.path(), e.inner()))?;
-    let mut errors = Vec::new();
-    let rules = signatures::rules(&settings, &mut errors);
-    if errors.is_empty() {
-        Ok(rules)
-    } else {
-        Err(errors.join("; "))
     }
 }
 
