@@ -6,6 +6,7 @@
 
 pub mod check;
 mod failure;
+mod mirror_signature;
 mod mirror_spelled;
 mod verify_source;
 mod walk;

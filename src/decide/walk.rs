@@ -13,7 +13,8 @@ use crate::text::quote;
 use super::failure::{Failure, earlier_failures, fallback};
 use super::verify_source::{SourceCheck, check_source};
 use super::{Decision, Note, PullSecrets, Reason, joined, mirror_digest};
-use crate::signatures::{Verification, verifications_for};
+use super::mirror_signature::signature_copied;
+use crate::signatures::{Verification, covers, verifications_for};
 
 /// One mirror's answer: the image to write (and what to tell), or why not, naming the
 /// reference that was looked up.
@@ -95,7 +96,21 @@ pub(super) fn decide_verified(
                 )),
             )),
             _ => match verified_at_source.as_deref() {
-                Some(digest) => holds_digest(digest, reference, target, &[], registry),
+                Some(digest) => holds_digest(digest, reference, target, &[], registry).and_then(
+                    |(swapped, note)| {
+                        // A verifier after this one may see the mirror's name: when a rule
+                        // covers it, the copy needs the source's signature there too.
+                        if covers(&policy.signatures, &swapped) {
+                            signature_copied(
+                                reference.name(),
+                                &target.repository,
+                                digest,
+                                registry,
+                            )?;
+                        }
+                        Ok((swapped, note))
+                    },
+                ),
                 None => try_mirror(image, reference, target, policy, verifications, registry),
             },
         };
