@@ -11,9 +11,9 @@ use crate::rules::{Destination, MirrorRepository};
 use crate::text::quote;
 
 use super::failure::{Failure, earlier_failures, fallback};
+use super::mirror_signature::signature_copied;
 use super::verify_source::{SourceCheck, check_source};
 use super::{Decision, Note, PullSecrets, Reason, joined, mirror_digest};
-use super::mirror_signature::signature_copied;
 use crate::signatures::{Verification, covers, verifications_for};
 
 /// One mirror's answer: the image to write (and what to tell), or why not, naming the
