@@ -440,10 +440,11 @@ fn a_signature_deleted_at_the_source_is_refused_at_once_with_verify_source() {
     assert!(!report.accepted, "still a finding: {report:?}");
 }
 
-/// The publisher ships a fixed build under the same tag and signs it. With `verifySource` the
-/// mirror's old copy (and its old, valid signature) is never swapped to: the new digest is
-/// admitted at its source, pinned by the verifier, until the mirror holds it; then swapped
-/// to it, in both orders.
+/// The publisher ships a fixed build under the same tag and signs it. Verified at the source
+/// (the default, and `verifySource: true`) the mirror's old copy (and its old, valid signature)
+/// is never swapped to: the new digest is admitted at its source, pinned by the verifier, until
+/// the mirror holds it; then swapped to it, in both orders. The mirror's own signature is never
+/// asked: only the source's verification names what may be swapped to.
 #[test]
 fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_source() {
     let world = World::start("sig-resigned", Signer::generate());
@@ -455,25 +456,43 @@ fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_sou
         .sign(&world.source, REPOSITORY, &fixed_digest, &[]);
     let rules = vec![world.rule(&format!("{}/org/*", world.source.host))];
     let image = world.image("signed");
-    let mut settings = world.swapper_settings(true);
-    settings["verifySource"] = json!(true);
-    for order in ORDERS {
-        let admitted = admit_with(order, &rules, &settings, &image);
-        assert_eq!(
-            admitted,
-            Ok(format!("{image}@{fixed_digest}")),
-            "{order:?}, the mirror holds only the old build"
+    let default = world.swapper_settings(true);
+    let mut verify_source = default.clone();
+    verify_source["verifySource"] = json!(true);
+    let never_at_the_mirror = |settings: &Value| {
+        let host = shared(LiveHost::default());
+        validate(settings, &pod(&image), host.clone());
+        let asked = host.lock().expect("host").lookups();
+        assert!(
+            !asked
+                .iter()
+                .any(|l| l.contains("Verify") && l.contains(&world.mirror.host)),
+            "the mirror's signature was asked: {asked:?}"
         );
+    };
+    for settings in [&default, &verify_source] {
+        never_at_the_mirror(settings);
+        for order in ORDERS {
+            let admitted = admit_with(order, &rules, settings, &image);
+            assert_eq!(
+                admitted,
+                Ok(format!("{image}@{fixed_digest}")),
+                "{order:?}, the mirror holds only the old build: {settings}"
+            );
+        }
     }
     world.copy_tag("signed");
     world.copy_tag(&signature_tag(&fixed_digest));
-    for order in ORDERS {
-        let admitted = admit_with(order, &rules, &settings, &image);
-        assert_eq!(
-            admitted,
-            Ok(world.mirror_image("signed", &fixed_digest)),
-            "{order:?}, the fixed build copied"
-        );
+    for settings in [&default, &verify_source] {
+        never_at_the_mirror(settings);
+        for order in ORDERS {
+            let admitted = admit_with(order, &rules, settings, &image);
+            assert_eq!(
+                admitted,
+                Ok(world.mirror_image("signed", &fixed_digest)),
+                "{order:?}, the fixed build copied: {settings}"
+            );
+        }
     }
 }
 
@@ -1065,6 +1084,16 @@ fn verifications_at_a_distance_stay_within_the_budget() {
             "{:?}",
             response.warnings
         );
+        // The next verification was refused while time was left, predicted from this
+        // registry's verifications: never started to run past the budget.
+        assert!(
+            response.warnings.iter().any(|w| w.starts_with("lookup budget of 800 ms: ")
+                && w.contains(&format!("({} would need about ", far.host))
+                && w.contains(" ms were left)")),
+            "policy-server {}: {:?}",
+            model.name(),
+            response.warnings
+        );
         assert!(
             took < Duration::from_millis(800) + verification + Duration::from_millis(150),
             "policy-server {}: {took:?}, one verification {verification:?}",
@@ -1122,6 +1151,14 @@ fn a_covered_source_50_ms_away_is_verified_at_the_source_within_the_budget() {
         assert!(
             asked.first().is_some_and(|first| first.ends_with(&image)),
             "policy-server {name}: the source verified first: {asked:?}"
+        );
+        // Then the mirror asked for exactly that digest, once, and nothing verified there: a
+        // second verification would not fit the time rule at a distance.
+        let digest_at_mirror = format!("{}/cache/{REPOSITORY}@{}", mirror.host, world.signed);
+        assert_eq!(asked.len(), 2, "policy-server {name}: {asked:?}");
+        assert!(
+            asked[1].ends_with(&digest_at_mirror) && !asked[1].contains("Verify"),
+            "policy-server {name}: the mirror's copy looked up, not verified: {asked:?}"
         );
         let round_trip = Duration::from_millis(50);
         let lookup = model.lookup(round_trip);
