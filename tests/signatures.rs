@@ -1087,9 +1087,12 @@ fn verifications_at_a_distance_stay_within_the_budget() {
         // The next verification was refused while time was left, predicted from this
         // registry's verifications: never started to run past the budget.
         assert!(
-            response.warnings.iter().any(|w| w.starts_with("lookup budget of 800 ms: ")
-                && w.contains(&format!("({} would need about ", far.host))
-                && w.contains(" ms were left)")),
+            response
+                .warnings
+                .iter()
+                .any(|w| w.starts_with("lookup budget of 800 ms: ")
+                    && w.contains(&format!("({} would need about ", far.host))
+                    && w.contains(" ms were left)")),
             "policy-server {}: {:?}",
             model.name(),
             response.warnings

@@ -5,6 +5,7 @@
 //! decision, which shares routing and lookups and nothing else.
 
 pub mod check;
+mod check_signed;
 mod failure;
 mod mirror_signature;
 mod mirror_spelled;

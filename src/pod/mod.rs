@@ -30,6 +30,7 @@ mod report;
 #[cfg(test)]
 mod signed_tests;
 mod unmirrored;
+mod verifier_read;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,11 +42,10 @@ use crate::budget::{Budgeted, Clock};
 use crate::decide::{Note, Reason};
 use crate::policy::{Action, Policy};
 use crate::registry::Registry;
-use crate::verifiers::{Cluster, verifier_rules};
+use crate::verifiers::Cluster;
 
 use candidates::{Candidate, EPHEMERAL_LIST, candidates};
-use check_report::check_outcome;
-use checks::check_all;
+use checks::check;
 use decisions::decide_all;
 use object::{CONTAINER_LISTS, annotation, container_mut};
 use pull_secrets::{add_pull_secrets, pull_secret_names};
@@ -54,6 +54,8 @@ use record::{record_original_images, recorded_originals};
 use report::{audit_annotations, capped, messages};
 use unmirrored::{Requester, record_unmirrored};
 pub use unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
+pub use verifier_read::VERIFIERS_UNMATCHED;
+use verifier_read::{tell_unmatched, with_verifier_rules};
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
 /// this API object, so changing its images would only misreport what runs.
@@ -101,102 +103,6 @@ fn changed_containers(
     };
     candidates(&request.object, old, lists)
 }
-
-/// The check role: every container (on update, every changed one) whose image is a mirror
-/// image is looked up as a node would pull it. Static Pods' mirror Pods are checked too: their
-/// node pulls the same image.
-fn check(
-    request: &KubernetesAdmissionRequest,
-    operation: Operation,
-    policy: &Policy,
-    registry: &mut impl Registry,
-    cluster: &mut impl Cluster,
-    clock: &impl Clock,
-) -> Outcome {
-    let candidates = changed_containers(request, operation);
-    // The verifiers' rules, read as the swap reads them, once there is an image to check.
-    let with_verifiers;
-    let mut unmatched = None;
-    let policy = if policy.verifiers.is_empty() || candidates.is_empty() {
-        policy
-    } else {
-        let read;
-        (read, unmatched) = with_verifier_rules(policy, &request.namespace, cluster);
-        with_verifiers = read;
-        &with_verifiers
-    };
-    if let Some(why) = &policy.verifiers_unreadable {
-        let checked = candidates
-            .iter()
-            .any(|c| crate::decide::check::mirror_image(c.image, &policy.router).is_some());
-        if checked {
-            return Outcome {
-                verdict: Verdict::Error(format!(
-                    "not checked: could not read the verifier policies whose signatures the check applies ({why})"
-                )),
-                warnings: Vec::new(),
-                audit: BTreeMap::new(),
-            };
-        }
-    }
-    let limit = Duration::from_millis(policy.lookup_budget_ms);
-    let mut budgeted = Budgeted::new(registry, clock, limit);
-    let originals = recorded_originals(&request.object);
-    let checked = check_all(&candidates, &originals, policy, &mut budgeted);
-    let report = budgeted.report();
-    let mut outcome = check_outcome(&checked, &candidates, &originals, policy, &report);
-    tell_unmatched(&mut outcome.warnings, &mut outcome.audit, unmatched);
-    outcome
-}
-
-/// The policy for one admission with the rules of the cluster's verifiers beside its own
-/// `signatures`; when they cannot be read, marked so that nothing is swapped unverified. With
-/// it, when a `module` pattern matched no policy: the warning and the audit annotation that
-/// say so, naming the patterns and the policies read.
-fn with_verifier_rules(
-    policy: &Policy,
-    namespace: &str,
-    cluster: &mut impl Cluster,
-) -> (Policy, Option<(String, String)>) {
-    let mut policy = policy.clone();
-    let mut unmatched = None;
-    match verifier_rules(&policy.verifiers, namespace, cluster) {
-        Ok(read) => {
-            if !read.unmatched.is_empty() {
-                let globs: Vec<String> = read.unmatched.iter().map(|g| format!("{g:?}")).collect();
-                let policies = match read.read.len() {
-                    0 => "none".to_string(),
-                    _ => capped(read.read.clone(), "policies").join(", "),
-                };
-                let warning = format!(
-                    "verifiers: the module pattern{} {} matched no policy read (read: {policies}); images are verified only under the verifiers found, so a verifier loaded from another module name is not applied here: correct the pattern, or omit module to find verifiers by their settings",
-                    if globs.len() == 1 { "" } else { "s" },
-                    globs.join(", ")
-                );
-                let audit = serde_json::json!({"globs": read.unmatched, "read": read.read});
-                unmatched = Some((warning, audit.to_string()));
-            }
-            policy.signatures.extend(read.rules);
-        }
-        Err(why) => policy.verifiers_unreadable = Some(why),
-    }
-    (policy, unmatched)
-}
-
-/// Adds the warning and audit annotation of `module` patterns that matched no policy.
-fn tell_unmatched(
-    warnings: &mut Vec<String>,
-    audit: &mut BTreeMap<String, String>,
-    unmatched: Option<(String, String)>,
-) {
-    if let Some((warning, annotation)) = unmatched {
-        warnings.push(warning);
-        audit.insert(VERIFIERS_UNMATCHED.to_string(), annotation);
-    }
-}
-
-/// The audit annotation naming the `module` patterns of `verifiers` that matched no policy.
-pub const VERIFIERS_UNMATCHED: &str = "verifiers-unmatched";
 
 /// What to answer the API server.
 #[derive(Debug, PartialEq)]
