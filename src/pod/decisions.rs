@@ -66,8 +66,10 @@ pub(super) fn decide_all(
     let mut verdicts = Verdicts::default();
     let mut reported: BTreeSet<&str> = BTreeSet::new();
     for (candidate, running) in candidates.iter().zip(running) {
+        let judged_as_mirror = mirror_spelled.contains(candidate.image)
+            || running.is_some_and(|old_image| mirror_spelled.contains(old_image));
         let written_back = |image: &str| {
-            mirror_spelled.contains(candidate.image)
+            judged_as_mirror
                 && crate::reference::Reference::parse(image)
                     .is_ok_and(|parsed| policy.router.target_of(&parsed).is_none())
         };
