@@ -46,7 +46,6 @@ pub struct Settings {
     pub swap_policy: SwapPolicy,
     /// Unset: tag references of uncovered images are not compared, covered images are verified
     /// at their source.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub verify_source: Option<bool>,
     pub platforms: Vec<String>,
     pub pin_digest: bool,
