@@ -135,14 +135,15 @@ fn signatures(policy: &WasmPolicy) {
     )]);
     for (name, settings, cluster) in [
         ("without signatures", json!({"mirrors": mirrors}), None),
+        // Verified at the mirror (`verifySource: false`): the source here is no registry.
         (
-            "signatures (pubKeys)",
-            json!({"mirrors": mirrors, "signatures": [rule]}),
+            "signatures (pubKeys, at the mirror)",
+            json!({"mirrors": mirrors, "signatures": [rule], "verifySource": false}),
             None,
         ),
         (
-            "verifiers (the same rule, read from a ClusterAdmissionPolicy)",
-            json!({"mirrors": mirrors, "verifiers": [{"module": "*/verify-image-signatures:*"}]}),
+            "verifiers (the same rule, read from a ClusterAdmissionPolicy, at the mirror)",
+            json!({"mirrors": mirrors, "verifiers": [{"module": "*/verify-image-signatures*"}], "verifySource": false}),
             Some(cluster),
         ),
     ] {

@@ -44,6 +44,13 @@ impl Glob {
         Ok(Glob(pattern.to_string()))
     }
 
+    /// A pattern as `wildmatch` reads it (verify-image-signatures' rules): `*` and `?`, every
+    /// other character itself, nothing refused. For the rules read from verifiers, which must
+    /// be matched as their verifier matches them.
+    pub fn wildmatch(pattern: &str) -> Glob {
+        Glob(pattern.to_string())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -69,26 +69,32 @@ impl Registry for KubewardenHost {
         image: &str,
         verification: &Verification<'_>,
     ) -> Result<String, LookupError> {
+        if let Verification::Unreadable { why } = verification {
+            return Err(LookupError::Failed((*why).to_string()));
+        }
         match verify_on_host(image, verification) {
-            Ok(answer) if answer.is_trusted => Ok(answer.digest),
-            Ok(_) => Err(LookupError::Unverified(
+            None => Err(LookupError::Failed("nothing to ask the host".to_string())),
+            Some(Ok(answer)) if answer.is_trusted => Ok(answer.digest),
+            Some(Ok(_)) => Err(LookupError::Unverified(
                 "policy-server answered that it is not trusted".to_string(),
             )),
-            Err(Error::HostCall { source, .. }) => {
+            Some(Err(Error::HostCall { source, .. })) => {
                 Err(read_verification_error(&source.to_string(), image))
             }
-            Err(other) => Err(lookup_error(other, image)),
+            Some(Err(other)) => Err(lookup_error(other, image)),
         }
     }
 }
 
 /// Asks the host (`oci/v2/verify`) as verify-image-signatures asks it, one call per
-/// verification; the SDK's helpers take owned lists, so the rule's are copied per call.
+/// verification; the SDK's helpers take owned lists, so the rule's are copied per call. None
+/// for a rule that could not be read, which asks the host nothing.
 fn verify_on_host(
     image: &str,
     verification: &Verification<'_>,
-) -> kubewarden_policy_sdk::error::Result<VerificationResponse> {
-    match *verification {
+) -> Option<kubewarden_policy_sdk::error::Result<VerificationResponse>> {
+    Some(match *verification {
+        Verification::Unreadable { .. } => return None,
         Verification::PubKeys { keys, annotations } => {
             verification::verify_pub_keys_image(image, keys.to_vec(), annotations.cloned())
         }
@@ -142,7 +148,7 @@ fn verify_on_host(
             require_rekor_bundle,
             annotations.cloned(),
         ),
-    }
+    })
 }
 
 /// A failed host call: the host's text, read for "absent"; any other SDK error (an answer

@@ -7,6 +7,7 @@ pub mod budget;
 pub mod decide;
 pub mod glob;
 pub mod host;
+pub mod inverse;
 pub mod pod;
 pub mod policy;
 pub mod reference;

@@ -17,6 +17,10 @@ pub struct Policy {
     pub swap_policy: SwapPolicy,
     /// Tag references: also require the mirror's content to be the source's.
     pub verify_source: bool,
+    /// Images a rule of `signatures` or `verifiers` covers: verified at their source, and only
+    /// the mirror copy of the digest that verified there swapped to (`verifySource` unless set
+    /// to false).
+    pub verify_covered_at_source: bool,
     /// With `verify_source`, the platforms a mirror copy of a multi-platform source must cover;
     /// empty means every platform the source lists.
     pub platforms: Vec<Platform>,
@@ -36,12 +40,21 @@ pub struct Policy {
     pub on_unverified: Fallback,
     /// `verifiers`: patterns on the `spec.module` of the cluster's policies whose `signatures`
     /// count as this policy's own at each admission.
-    pub verifiers: Vec<crate::glob::Glob>,
+    /// `None`: every policy whose `settings.signatures` has verify-image-signatures' shape.
+    pub verifiers: Vec<Option<crate::glob::Glob>>,
     /// Set for one admission when the verifiers could not be read: why. Every image bound for
     /// a mirror is then `onLookupError`'s case, since rules it could not read may cover it.
     pub verifiers_unreadable: Option<String>,
     /// `fillJobUsernames`: who may drop entries of the record of unmirrored images.
     pub fill_job_usernames: Vec<String>,
+}
+
+impl Policy {
+    /// Whether `signatures` or `verifiers` is set: images written under a target are then
+    /// judged as the sources that route there.
+    pub fn verifies(&self) -> bool {
+        !self.signatures.is_empty() || !self.verifiers.is_empty()
+    }
 }
 
 /// The module's two roles, one setting apart so that operators copy one block of settings.

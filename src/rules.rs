@@ -64,7 +64,7 @@ impl Prefix {
 
 /// `host[:port][/path]` as a runtime resolves it (see [`Prefix::resolved`]); borrowed when
 /// it is already so spelled, as nearly every image is, so routing allocates nothing for it.
-fn resolved_name(name: &str) -> Cow<'_, str> {
+pub(crate) fn resolved_name(name: &str) -> Cow<'_, str> {
     let (written, path) = match name.split_once('/') {
         Some((host, path)) => (host, Some(path)),
         None => (name, None),

@@ -22,6 +22,9 @@ pub struct SignatureRule {
     pub check: SignatureCheck,
     /// Annotations every signature must carry.
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Where the rule was written, for messages: `signatures[0]`, or the verifier policy and
+    /// its entry.
+    pub origin: String,
 }
 
 /// What a signature must satisfy: one of the kinds verify-image-signatures knows.
@@ -41,6 +44,10 @@ pub enum SignatureCheck {
         chain: Option<Vec<String>>,
         require_rekor_bundle: bool,
     },
+    /// A verifier's rule this policy could not read (verify-image-signatures would refuse it,
+    /// or reads it in a way no host verification here asks): why, naming the rule. An image
+    /// its `image` pattern matches cannot be verified, and is `onLookupError`'s case.
+    Unreadable(String),
 }
 
 /// One host verification (`oci/v2/verify`), borrowed from its rule: what the host is asked,
@@ -70,6 +77,8 @@ pub enum Verification<'p> {
         require_rekor_bundle: bool,
         annotations: Option<&'p BTreeMap<String, String>>,
     },
+    /// Not asked of the host: the rule could not be read, and why.
+    Unreadable { why: &'p str },
 }
 
 impl SignatureRule {
@@ -104,6 +113,7 @@ impl SignatureRule {
                     annotations,
                 })
                 .collect(),
+            SignatureCheck::Unreadable(why) => vec![Verification::Unreadable { why }],
         }
     }
 }
@@ -117,6 +127,23 @@ pub fn verifications_for<'p>(rules: &'p [SignatureRule], image: &str) -> Vec<Ver
         .filter(|rule| rule.image.matches(image))
         .flat_map(SignatureRule::verifications)
         .collect()
+}
+
+/// The rules that match any of `spellings` (the strings a Pod could write for one image), and
+/// their verifications: an image judged under every name a verifier's glob could see.
+pub fn rules_covering<'p>(
+    rules: &'p [SignatureRule],
+    spellings: &[String],
+) -> (Vec<&'p SignatureRule>, Vec<Verification<'p>>) {
+    let matching: Vec<&SignatureRule> = rules
+        .iter()
+        .filter(|rule| spellings.iter().any(|s| rule.image.matches(s)))
+        .collect();
+    let verifications = matching
+        .iter()
+        .flat_map(|rule| rule.verifications())
+        .collect();
+    (matching, verifications)
 }
 
 /// Whether any rule of `signatures` matches `image` as the Pod writes it.
@@ -140,6 +167,7 @@ impl Verification<'_> {
                 format!("signed in GitHub Actions of {owner:?}")
             }
             Verification::Certificate { .. } => "signed with its certificate".to_string(),
+            Verification::Unreadable { .. } => "verified under a rule it could read".to_string(),
         }
     }
 }
@@ -153,6 +181,7 @@ mod tests {
             image: Glob::new(image).expect("valid pattern"),
             check,
             annotations: None,
+            origin: format!("signatures rule {image}"),
         }
     }
 

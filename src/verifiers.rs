@@ -11,7 +11,7 @@
 use serde_json::Value;
 
 use crate::glob::Glob;
-use crate::settings::signature_rules_from;
+use crate::settings::verifier_rules_from;
 use crate::signatures::SignatureRule;
 
 /// The API group and version of Kubewarden's policy kinds.
@@ -83,20 +83,35 @@ impl Cluster for NoCluster {
     }
 }
 
-/// The rules of `signatures` of every verifier policy whose module a pattern of `modules`
-/// matches: cluster-wide ones, those in `namespace`, and the members of groups of both. Every
-/// such policy counts, whatever its mode, rules or selectors say: verifying an image more than a
-/// verifier would only keeps it at its source, where that verifier then judges it.
+/// What an admission read of the cluster's verifiers.
+#[derive(Debug, Default)]
+pub struct VerifierRead {
+    /// The rules of every verifier found, read as verify-image-signatures reads them.
+    pub rules: Vec<SignatureRule>,
+    /// The `module` patterns that matched no policy read.
+    pub unmatched: Vec<String>,
+    /// Every policy (or group member) read, with its module: what the patterns were tried on.
+    pub read: Vec<String>,
+}
+
+/// The rules of `signatures` of every verifier policy: those whose module a pattern of
+/// `verifiers` matches, and (for an entry without `module`) those whose `settings.signatures`
+/// has verify-image-signatures' shape; cluster-wide ones, those in `namespace`, and the members
+/// of groups of both. Every such policy counts, whatever its mode, rules or selectors say:
+/// verifying an image more than a verifier would only keeps it at its source, where that
+/// verifier then judges it. A verifier's rule this policy cannot read covers the images its
+/// own `image` pattern matches, and only those (`crate::settings::verifier_rules_from`).
 ///
-/// An error, in words that name the kind, the policy and the field, when a list cannot be read
-/// or a matching verifier's `signatures` cannot be: the caller then swaps nothing, since an
-/// image could be covered by the rules it could not read.
+/// An error, in words that name the kind and the namespace, when a list cannot be read: the
+/// caller then swaps nothing covered, since any image could be covered by the rules it could
+/// not read.
 pub fn verifier_rules(
-    modules: &[Glob],
+    verifiers: &[Option<Glob>],
     namespace: &str,
     cluster: &mut impl Cluster,
-) -> Result<Vec<SignatureRule>, String> {
-    let mut rules = Vec::new();
+) -> Result<VerifierRead, String> {
+    let mut read = VerifierRead::default();
+    let mut matched = vec![false; verifiers.len()];
     for kind in PolicyKind::ALL {
         let namespace = match (kind.is_namespaced(), namespace) {
             (false, _) => None,
@@ -129,35 +144,64 @@ pub fn verifier_rules(
             let spec = item.get("spec").unwrap_or(&Value::Null);
             match kind {
                 PolicyKind::ClusterAdmissionPolicy | PolicyKind::AdmissionPolicy => {
-                    rules.extend(member_rules(spec, modules, &at)?);
+                    member_rules(spec, verifiers, &at, &mut matched, &mut read);
                 }
                 PolicyKind::ClusterAdmissionPolicyGroup | PolicyKind::AdmissionPolicyGroup => {
                     let members = spec.get("policies").and_then(Value::as_object);
                     for (member, spec) in members.into_iter().flatten() {
                         let at = format!("{at} member {member}");
-                        rules.extend(member_rules(spec, modules, &at)?);
+                        member_rules(spec, verifiers, &at, &mut matched, &mut read);
                     }
                 }
             }
         }
     }
-    Ok(rules)
+    read.unmatched = verifiers
+        .iter()
+        .zip(matched)
+        .filter_map(|(verifier, matched)| match verifier {
+            Some(glob) if !matched => Some(glob.as_str().to_string()),
+            _ => None,
+        })
+        .collect();
+    Ok(read)
 }
 
-/// The rules of one policy (or group member) whose `module` a pattern matches; none for any
-/// other, and none for a verifier without `signatures`.
-fn member_rules(spec: &Value, modules: &[Glob], at: &str) -> Result<Vec<SignatureRule>, String> {
-    let Some(module) = spec.get("module").and_then(Value::as_str) else {
-        return Ok(Vec::new());
-    };
-    if !modules.iter().any(|pattern| pattern.matches(module)) {
-        return Ok(Vec::new());
+/// The rules of one policy (or group member) that is a verifier; none for any other, and none
+/// for a verifier without `signatures`.
+fn member_rules(
+    spec: &Value,
+    verifiers: &[Option<Glob>],
+    at: &str,
+    matched: &mut [bool],
+    read: &mut VerifierRead,
+) {
+    let module = spec.get("module").and_then(Value::as_str).unwrap_or("");
+    read.read.push(format!("{at} ({module})"));
+    let signatures = spec
+        .pointer("/settings/signatures")
+        .filter(|signatures| !signatures.is_null());
+    let mut verifier = false;
+    for (pattern, matched) in verifiers.iter().zip(matched.iter_mut()) {
+        let matches = match pattern {
+            Some(glob) => glob.matches(module),
+            None => signatures.is_some_and(has_verifier_shape),
+        };
+        *matched |= matches;
+        verifier |= matches;
     }
-    match spec.pointer("/settings/signatures") {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(signatures) => signature_rules_from(signatures)
-            .map_err(|why| format!("{at} (module {module}): settings.{why}")),
+    if let (true, Some(signatures)) = (verifier, signatures) {
+        read.rules.extend(verifier_rules_from(signatures, at));
     }
+}
+
+/// verify-image-signatures' `settings.signatures`: a list of entries, each an object. Read
+/// leniently, since stricter is safe: a policy whose rules this policy cannot read is still a
+/// verifier, whose unreadable rules then hold up the images they could match.
+fn has_verifier_shape(signatures: &Value) -> bool {
+    signatures
+        .as_array()
+        .is_some_and(|entries| !entries.is_empty() && entries.iter().all(Value::is_object))
 }
 
 #[cfg(test)]
@@ -191,10 +235,10 @@ mod tests {
             "settings": {"signatures": [{"image": image, "pubKeys": [KEY]}]}}})
     }
 
-    fn patterns(patterns: &[&str]) -> Vec<Glob> {
+    fn patterns(patterns: &[&str]) -> Vec<Option<Glob>> {
         patterns
             .iter()
-            .map(|p| Glob::new(p).expect("valid pattern"))
+            .map(|p| Some(Glob::new(p).expect("valid pattern")))
             .collect()
     }
 
@@ -222,7 +266,8 @@ mod tests {
             "team",
             &mut cluster,
         )
-        .expect("read");
+        .expect("read")
+        .rules;
         let images: Vec<bool> = rules
             .iter()
             .map(|r| r.image.matches("ghcr.io/org/app:1"))
@@ -255,33 +300,64 @@ mod tests {
     }
 
     #[test]
-    fn a_verifier_whose_signatures_cannot_be_read_is_an_error_naming_it() {
-        let mut cluster = Table::default();
-        let mut bad = verifier("verify", VERIFY, "*");
-        bad["spec"]["settings"]["signatures"][0]["pubKeys"] = json!(["not a key"]);
-        cluster
-            .lists
-            .insert("ClusterAdmissionPolicy", Ok(json!({"items": [bad]})));
-        let error =
-            verifier_rules(&patterns(&["*verify*"]), "team", &mut cluster).expect_err("refused");
-        assert!(
-            error.starts_with("ClusterAdmissionPolicy verify (module registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11): settings.signatures[0].pubKeys[0]: \"not a key\" is not a PEM PUBLIC KEY"),
-            "{error}"
-        );
-    }
-
-    #[test]
     fn verifiers_without_signatures_and_requests_without_a_namespace_add_nothing() {
         let mut cluster = Table::default();
         cluster.lists.insert(
             "ClusterAdmissionPolicy",
             Ok(json!({"items": [{"metadata": {"name": "v"}, "spec": {"module": VERIFY, "settings": {}}}]})),
         );
-        let rules = verifier_rules(&patterns(&["*"]), "", &mut cluster).expect("read");
-        assert!(rules.is_empty());
+        let read = verifier_rules(&patterns(&["*"]), "", &mut cluster).expect("read");
+        assert!(read.rules.is_empty());
         assert_eq!(
             cluster.asked,
             ["ClusterAdmissionPolicy *", "ClusterAdmissionPolicyGroup *"]
+        );
+    }
+
+    /// `verifiers: [{}]`: every policy whose `settings.signatures` has verify-image-signatures'
+    /// shape, whatever its module is called (a digest, an https URL, a renamed copy); a rule it
+    /// cannot read still makes its policy a verifier.
+    #[test]
+    fn without_module_verifiers_are_found_by_their_settings() {
+        let mut cluster = Table::default();
+        let pinned = "registry://ghcr.io/kubewarden/policies/verify-image-signatures@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let mut unreadable = verifier("copy", "https://internal.example.com/verify.wasm", "x/*");
+        unreadable["spec"]["settings"]["signatures"][0] =
+            json!({"image": "internal.example.com/*"});
+        cluster.lists.insert(
+            "ClusterAdmissionPolicy",
+            Ok(json!({"items": [
+                verifier("pinned", pinned, "ghcr.io/org/*"),
+                unreadable,
+                {"metadata": {"name": "psa"}, "spec": {"module": "registry://x/psa:v1", "settings": {"signatures": "none"}}},
+                {"metadata": {"name": "other"}, "spec": {"module": "registry://x/other:v1", "settings": {}}}
+            ]})),
+        );
+        let read = verifier_rules(&[None], "team", &mut cluster).expect("read");
+        let origins: Vec<&str> = read.rules.iter().map(|r| r.origin.as_str()).collect();
+        assert_eq!(
+            origins,
+            [
+                "ClusterAdmissionPolicy pinned settings.signatures[0] (image \"ghcr.io/org/*\")",
+                "ClusterAdmissionPolicy copy settings.signatures[0] (image \"internal.example.com/*\")"
+            ]
+        );
+        assert!(read.unmatched.is_empty());
+        // The same policies behind the documented module pattern: the pinned one and the copy
+        // are missed, and the pattern is named as matching nothing.
+        let read = verifier_rules(
+            &patterns(&["*/verify-image-signatures:*"]),
+            "team",
+            &mut cluster,
+        )
+        .expect("read");
+        assert!(read.rules.is_empty());
+        assert_eq!(read.unmatched, ["*/verify-image-signatures:*"]);
+        assert_eq!(read.read.len(), 4, "{:?}", read.read);
+        assert!(
+            read.read[0].ends_with(&format!("({pinned})")),
+            "{:?}",
+            read.read
         );
     }
 }

@@ -772,10 +772,13 @@ fn the_check_role_reports_a_missing_signature_and_one_fill_run_brings_it() {
     image.push(mirror, "hub/org/app", Some("1"));
     let signatures =
         json!([{"image": format!("{}/org/*", source.host), "pubKeys": [signer.public_pem]}]);
+    // Verified at the mirror (`verifySource: false`), where the copy needs its signature.
     let mut check = cluster.settings("check");
     check["signatures"] = signatures.clone();
+    check["verifySource"] = json!(false);
     let mut swap = cluster.settings("swap");
     swap["signatures"] = signatures;
+    swap["verifySource"] = json!(false);
     let running = cluster.source_image("org/app:1");
 
     let request = pod_request("CREATE", web(&running));
@@ -879,6 +882,8 @@ fn with_signatures_one_fill_run_brings_a_new_image_and_its_signature() {
     let mut swap = cluster.settings("swap");
     swap["signatures"] =
         json!([{"image": format!("{}/org/*", source.host), "pubKeys": [signer.public_pem]}]);
+    // Verified at the mirror (`verifySource: false`), where the copy needs its signature.
+    swap["verifySource"] = json!(false);
     let running = cluster.source_image("org/app:2");
     let request = pod_request("CREATE", web(&running));
     let kept = validate(&swap, &request, shared(LiveHost::default()));

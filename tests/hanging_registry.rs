@@ -189,12 +189,14 @@ fn behind_the_hosts_lookup_lock_an_admission_with_a_healthy_mirror_waits_and_is_
 
 /// A mirror that answers, but after 3 s: a single lookup outlasts the default timeout of 2 s
 /// (under both host models), and the evaluation is interrupted when the answer arrives. With
-/// `timeoutEvalSeconds: 5` the same lookup fits and the image is swapped.
+/// `timeoutEvalSeconds: 5` the same lookup fits and the first image is swapped; the Pod's second
+/// image is not looked up, since the lookup budget ran out during the first: a policy that
+/// started it would run past the timeout and be interrupted, Pod refused.
 #[test]
 fn a_lookup_that_takes_3_s_is_interrupted_under_the_default_timeout_and_fits_a_5_s_one() {
     const SLOW: Duration = Duration::from_secs(3);
     let mirror = TestRegistry::start("slow-mirror").expect("registry");
-    push_apps(&mirror, "hub", 1);
+    push_apps(&mirror, "hub", 2);
     rig::policy();
     let runs: Vec<_> = HostModel::ALL
         .into_iter()
@@ -208,7 +210,7 @@ fn a_lookup_that_takes_3_s_is_interrupted_under_the_default_timeout_and_fits_a_5
                 let started = Instant::now();
                 let response = validate_within(
                     &settings(&proxy.host),
-                    &pod(&["app0:1"]),
+                    &pod(&["app0:1", "app1:1"]),
                     host.clone(),
                     timeout,
                 );
@@ -269,6 +271,18 @@ fn a_lookup_that_takes_3_s_is_interrupted_under_the_default_timeout_and_fits_a_5
                         .starts_with(&format!("{mirror_host}/hub/library/app0:1@sha256:"))),
                 "{}: swapped: {response:?}",
                 model.name()
+            );
+            assert_eq!(
+                response.image("containers", 1),
+                Some("app1:1"),
+                "{}: the second image kept: {response:?}",
+                model.name()
+            );
+            assert!(
+                response.warned("lookup budget of 800 ms: 1 image was not looked up"),
+                "{}: {:?}",
+                model.name(),
+                response.warnings
             );
         }
     }

@@ -199,6 +199,7 @@ fn verification_refusals_say_the_same_in_every_shape() {
     let settings = json!({
         "mirrors": [{"source": source.host, "target": format!("{}/cache", mirror.host)}],
         "signatures": [{"image": format!("{}/org/*", source.host), "pubKeys": [signer.public_pem]}],
+        "verifySource": false,
     });
 
     let unsigned_copy = format!("{}/org/app:signed", source.host);

@@ -178,6 +178,8 @@ fn identical_concurrent_misses_make_one_registry_call_on_1_38() {
                 model.name()
             );
             assert_eq!(response.audit["kept"][0]["reason"], json!("absent"));
+            // Each admission asked: the sharing is the host's.
+            assert_eq!(response.audit["summary"]["lookups"], json!(1));
         }
         eprintln!(
             "policy-server {}: {AT_ONCE} admissions at once of one missing image: {asked} registry requests ({one_lookup} a lookup), {} host lookups, {took:?}",
@@ -226,6 +228,13 @@ fn identical_concurrent_lookups_of_a_present_image_are_one_call_kept_60_s_on_1_3
                 .image("containers", 0)
                 .is_some_and(|image| image
                     .starts_with(&format!("{}/hub/library/app0:1@sha256:", proxy.host))),
+            "{response:?}"
+        );
+        // Each admission asked its lookup: the one registry call between them is the host's
+        // sharing, not an admission that skipped asking.
+        assert_eq!(
+            response.audit["summary"]["lookups"],
+            json!(1),
             "{response:?}"
         );
     }

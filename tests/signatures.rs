@@ -96,6 +96,21 @@ impl World {
         }
     }
 
+    /// The same, verifying covered images at the mirror (`verifySource: false`): the copy's own
+    /// signature, under the tag the mirror holds.
+    fn swapper_settings_at_mirror(&self) -> Value {
+        let mut settings = self.swapper_settings(true);
+        settings["verifySource"] = json!(false);
+        settings
+    }
+
+    /// The swapper's settings with `rules` as its `signatures`.
+    fn settings_with(&self, rules: &[Value]) -> Value {
+        let mut settings = self.swapper_settings(false);
+        settings["signatures"] = json!(rules);
+        settings
+    }
+
     fn swapper_settings(&self, signatures: bool) -> Value {
         let mut settings = json!({"mirrors": [{"source": self.source.host, "target": format!("{}/cache", self.mirror.host)}]});
         if signatures {
@@ -237,7 +252,8 @@ fn eight_outcomes(world: &World) {
             for (tag, signed) in [("unsigned", false), ("signed", true)] {
                 let image = world.image(tag);
                 let without = verifier(rules, &image, &(shared(LiveHost::default()) as SharedHost));
-                let with = admit(world, order, rules, true, &image);
+                // The swapper holds the rules of the verifier it sits beside.
+                let with = admit_with(order, rules, &world.settings_with(rules), &image);
                 assert_eq!(
                     without.is_ok(),
                     signed,
@@ -266,7 +282,13 @@ fn signed_outcomes(world: &World) -> Vec<String> {
     [Order::SwapperFirst, Order::VerifierFirst]
         .into_iter()
         .map(|order| {
-            admit(world, order, &rules, true, &world.image("signed")).expect("signed admitted")
+            admit_with(
+                order,
+                &rules,
+                &world.settings_with(&rules),
+                &world.image("signed"),
+            )
+            .expect("signed admitted")
         })
         .collect()
 }
@@ -369,8 +391,10 @@ fn a_signature_deleted_at_the_source_is_refused_at_once_with_verify_source() {
         json!("unverified-at-source")
     );
     assert_eq!(response.unmirrored(), None, "no copy would help");
-    // Without verifySource the mirror's stale signature still verifies...
-    let stale = admit(&world, Order::SwapperFirst, &rules, true, &image);
+    // With `verifySource: false` the mirror's stale signature still verifies...
+    let mut at_mirror = world.swapper_settings(true);
+    at_mirror["verifySource"] = json!(false);
+    let stale = admit_with(Order::SwapperFirst, &rules, &at_mirror, &image);
     assert_eq!(stale, Ok(swapped.clone()));
     // ...and the check role, scanning the Pods that run the swap, reports it (`fail`), naming
     // the mirror's stale signature tag and the command that removes it.
@@ -408,7 +432,7 @@ fn a_signature_deleted_at_the_source_is_refused_at_once_with_verify_source() {
         .status()
         .expect("skopeo");
     assert!(status.success(), "skopeo delete {stale_tag}");
-    let after = admit(&world, Order::SwapperFirst, &rules, true, &image);
+    let after = admit_with(Order::SwapperFirst, &rules, &at_mirror, &image);
     assert!(after.is_err(), "the stale signature removed: {after:?}");
     // The Pods still run content whose source no longer vouches for it: still a finding,
     // until they are rolled out.
@@ -416,10 +440,11 @@ fn a_signature_deleted_at_the_source_is_refused_at_once_with_verify_source() {
     assert!(!report.accepted, "still a finding: {report:?}");
 }
 
-/// The publisher ships a fixed build under the same tag and signs it. With `verifySource` the
-/// mirror's old copy (and its old, valid signature) is never swapped to: the new digest is
-/// admitted at its source, pinned by the verifier, until the mirror holds it; then swapped
-/// to it, in both orders.
+/// The publisher ships a fixed build under the same tag and signs it. Verified at the source
+/// (the default, and `verifySource: true`) the mirror's old copy (and its old, valid signature)
+/// is never swapped to: the new digest is admitted at its source, pinned by the verifier, until
+/// the mirror holds it; then swapped to it, in both orders. The mirror's own signature is never
+/// asked: only the source's verification names what may be swapped to.
 #[test]
 fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_source() {
     let world = World::start("sig-resigned", Signer::generate());
@@ -431,25 +456,43 @@ fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_sou
         .sign(&world.source, REPOSITORY, &fixed_digest, &[]);
     let rules = vec![world.rule(&format!("{}/org/*", world.source.host))];
     let image = world.image("signed");
-    let mut settings = world.swapper_settings(true);
-    settings["verifySource"] = json!(true);
-    for order in ORDERS {
-        let admitted = admit_with(order, &rules, &settings, &image);
-        assert_eq!(
-            admitted,
-            Ok(format!("{image}@{fixed_digest}")),
-            "{order:?}, the mirror holds only the old build"
+    let default = world.swapper_settings(true);
+    let mut verify_source = default.clone();
+    verify_source["verifySource"] = json!(true);
+    let never_at_the_mirror = |settings: &Value| {
+        let host = shared(LiveHost::default());
+        validate(settings, &pod(&image), host.clone());
+        let asked = host.lock().expect("host").lookups();
+        assert!(
+            !asked
+                .iter()
+                .any(|l| l.contains("Verify") && l.contains(&world.mirror.host)),
+            "the mirror's signature was asked: {asked:?}"
         );
+    };
+    for settings in [&default, &verify_source] {
+        never_at_the_mirror(settings);
+        for order in ORDERS {
+            let admitted = admit_with(order, &rules, settings, &image);
+            assert_eq!(
+                admitted,
+                Ok(format!("{image}@{fixed_digest}")),
+                "{order:?}, the mirror holds only the old build: {settings}"
+            );
+        }
     }
     world.copy_tag("signed");
     world.copy_tag(&signature_tag(&fixed_digest));
-    for order in ORDERS {
-        let admitted = admit_with(order, &rules, &settings, &image);
-        assert_eq!(
-            admitted,
-            Ok(world.mirror_image("signed", &fixed_digest)),
-            "{order:?}, the fixed build copied"
-        );
+    for settings in [&default, &verify_source] {
+        never_at_the_mirror(settings);
+        for order in ORDERS {
+            let admitted = admit_with(order, &rules, settings, &image);
+            assert_eq!(
+                admitted,
+                Ok(world.mirror_image("signed", &fixed_digest)),
+                "{order:?}, the fixed build copied: {settings}"
+            );
+        }
     }
 }
 
@@ -460,7 +503,7 @@ fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_sou
 fn a_rule_that_requires_a_rekor_bundle_refuses_signatures_without_one() {
     let world = World::start("sig-rekor", Signer::with_certificate("release@example.com"));
     world.copy_signature();
-    let mut settings = world.swapper_settings(true);
+    let mut settings = world.swapper_settings_at_mirror();
     let response = validate(
         &settings,
         &pod(&world.image("signed")),
@@ -541,6 +584,7 @@ fn every_rule_reaches_the_host_as_the_verifiers_own_request() {
     let bytes = |text: String| json!(text.into_bytes());
     let annotations = json!({"env": "prod"});
     let settings = json!({
+        "verifySource": false,
         "mirrors": [{"source": "registry.example.com", "target": "mirror.example.com/cache"}],
         "signatures": [
             {"image": "registry.example.com/*", "pubKeys": [key.public_pem], "annotations": annotations},
@@ -658,8 +702,15 @@ fn verifiers_read_from_the_cluster_cover_a_namespaced_validating_verifier() {
     );
     assert_eq!(
         admit_in("team", &settings, &cluster, &signed),
+        Ok(world.mirror_image("signed", &world.signed)),
+        "signed in team, verified at its source: swapped at that digest (no rule matches the mirror's name, so the copy needs no signature there)"
+    );
+    let mut at_mirror = settings.clone();
+    at_mirror["verifySource"] = json!(false);
+    assert_eq!(
+        admit_in("team", &at_mirror, &cluster, &signed),
         Ok(signed.clone()),
-        "signed in team, its signature not yet in the mirror: kept at its source"
+        "signed in team, verified at the mirror, its signature not yet there: kept at its source"
     );
     world.copy_signature();
     assert_eq!(
@@ -672,6 +723,141 @@ fn verifiers_read_from_the_cluster_cover_a_namespaced_validating_verifier() {
         admit_in("other", &settings, &cluster, &unsigned),
         Ok(world.mirror_image("unsigned", &world.unsigned))
     );
+}
+
+/// How the Pod names the image: as the source, under the mirror's name by tag, or pinned there.
+#[derive(Clone, Copy, Debug)]
+enum Spelling {
+    Source,
+    Mirror,
+    MirrorPinned,
+}
+
+impl Spelling {
+    const ALL: [Spelling; 3] = [Spelling::Source, Spelling::Mirror, Spelling::MirrorPinned];
+
+    fn of(self, world: &World, tag: &str, digest: &str) -> String {
+        match self {
+            Spelling::Source => world.image(tag),
+            Spelling::Mirror => format!("{}/cache/{REPOSITORY}:{tag}", world.mirror.host),
+            Spelling::MirrorPinned => world.mirror_image(tag, digest),
+        }
+    }
+}
+
+/// Where the verifier sits: a mutating one named to sort before the swapper, one after it, or
+/// (with `verifiers`) namespace `team`'s validating one, read from the cluster.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Placement {
+    Before,
+    After,
+    TeamValidating,
+}
+
+/// Every spelling of a covered image, every placement of the verifier, rules on the sources
+/// and on `*`, verified at the source (the default) and at the mirror (`verifySource: false`),
+/// `onUnverified` keep and reject, the swapper's rules pasted (`signatures`) or read
+/// (`verifiers`): every row ends as the verifier alone ends on the source (the name a Pod can
+/// pull without the swapper), and nothing unsigned ever runs under the mirror's name. The one
+/// row where that cannot hold is said and pinned: a verifier placed before the swapper, rules
+/// on the sources, `keep`: the source written back is seen by no verifier.
+#[test]
+fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
+    let world = World::start("sig-spellings", Signer::generate());
+    world.copy_signature();
+    let mut rows = 0;
+    for (rules_on, rule) in [
+        (
+            "sources",
+            world.rule(&format!("{}/org/*", world.source.host)),
+        ),
+        ("*", world.rule("*")),
+    ] {
+        let rules = vec![rule.clone()];
+        let cluster = rig::kubernetes::Cluster::with_policies(&[(
+            "AdmissionPolicy",
+            Some("team"),
+            "verify-image-signatures",
+            json!({"module": VERIFY_MODULE, "mutating": false,
+                "settings": {"signatures": [rule], "modifyImagesWithDigest": false}}),
+        )]);
+        for read in ["signatures", "verifiers"] {
+            for verify_source in [None, Some(false)] {
+                for on_unverified in ["keep", "reject"] {
+                    let mut settings = world.swapper_settings(false);
+                    match read {
+                        "signatures" => settings["signatures"] = json!(rules),
+                        _ => settings["verifiers"] = json!([{}]),
+                    }
+                    if let Some(at_source) = verify_source {
+                        settings["verifySource"] = json!(at_source);
+                    }
+                    settings["onUnverified"] = json!(on_unverified);
+                    let placements: &[Placement] = match read {
+                        "signatures" => &[Placement::Before, Placement::After],
+                        _ => &[Placement::TeamValidating],
+                    };
+                    for &placement in placements {
+                        for (tag, digest) in
+                            [("unsigned", &world.unsigned), ("signed", &world.signed)]
+                        {
+                            let alone = verifier(
+                                &rules,
+                                &world.image(tag),
+                                &(shared(LiveHost::default()) as SharedHost),
+                            );
+                            assert_eq!(alone.is_ok(), tag == "signed", "{alone:?}");
+                            for spelling in Spelling::ALL {
+                                let image = spelling.of(&world, tag, digest);
+                                let with = match placement {
+                                    Placement::Before => {
+                                        admit_with(Order::VerifierFirst, &rules, &settings, &image)
+                                    }
+                                    Placement::After => {
+                                        admit_with(Order::SwapperFirst, &rules, &settings, &image)
+                                    }
+                                    Placement::TeamValidating => {
+                                        admit_in("team", &settings, &cluster, &image)
+                                    }
+                                };
+                                let row = format!(
+                                    "rules on {rules_on}, {read}, verifySource {verify_source:?}, onUnverified {on_unverified}, verifier {placement:?}, {tag} as {spelling:?} ({image}): {with:?}"
+                                );
+                                rows += 1;
+                                let unseen = placement == Placement::Before
+                                    && rules_on == "sources"
+                                    && on_unverified == "keep"
+                                    && !matches!(spelling, Spelling::Source);
+                                if unseen && tag == "unsigned" {
+                                    // Written back to its source, after the verifier: no
+                                    // verifier sees it (deploy `onUnverified: reject` there).
+                                    assert_eq!(
+                                        with.as_deref().map(|s| s.starts_with(&world.source.host)),
+                                        Ok(true),
+                                        "{row}"
+                                    );
+                                    continue;
+                                }
+                                if let Ok(stored) = &with {
+                                    assert!(
+                                        !(stored.starts_with(&world.mirror.host)
+                                            && stored.contains(&world.unsigned)),
+                                        "unsigned under the mirror's name: {row}"
+                                    );
+                                    assert!(
+                                        stored.contains(&world.signed),
+                                        "admitted other than the signed digest, pinned: {row}"
+                                    );
+                                }
+                                assert_eq!(with.is_ok(), alone.is_ok(), "{row}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(rows, 2 * (2 * 2 * 2 + 2 * 2) * 2 * 3);
 }
 
 /// Verifiers that cannot be read (a kind not granted in `contextAwareResources`, or no
@@ -722,7 +908,7 @@ fn a_mirror_copy_of_another_digest_is_never_swapped_to() {
         &format!("cache/{REPOSITORY}"),
         Some("signed"),
     );
-    let settings = world.swapper_settings(true);
+    let settings = world.swapper_settings_at_mirror();
     let host = shared(LiveHost::default());
     let by_tag = swapper(
         &settings,
@@ -744,7 +930,7 @@ fn a_mirror_copy_of_another_digest_is_never_swapped_to() {
 fn an_unverified_copy_is_kept_with_the_hosts_reason_or_refused() {
     let world = World::start("sig-warn", Signer::generate());
     let image = world.image("signed");
-    let mut settings = world.swapper_settings(true);
+    let mut settings = world.swapper_settings_at_mirror();
     let response = validate(&settings, &pod(&image), shared(LiveHost::default()));
     assert!(response.accepted);
     let warning = response.warnings.join("\n");
@@ -788,7 +974,7 @@ fn a_certificate_the_host_refuses_is_a_lookup_error_in_its_words() {
     );
     world.copy_signature();
     let response = validate(
-        &world.swapper_settings(true),
+        &world.swapper_settings_at_mirror(),
         &pod(&world.image("signed")),
         shared(LiveHost::default()),
     );
@@ -838,6 +1024,8 @@ fn verifications_at_a_distance_stay_within_the_budget() {
         .expect("proxy");
         let mut settings = world.swapper_settings(true);
         settings["mirrors"][0]["target"] = json!(format!("{}/cache", far.host));
+        // Verified at the mirror: each image one verification there.
+        settings["verifySource"] = json!(false);
         // One image first: what one verification costs at this distance.
         let one = Instant::now();
         let single = validate(
@@ -894,6 +1082,19 @@ fn verifications_at_a_distance_stay_within_the_budget() {
         assert!(
             response.warned("lookup budget of 800 ms: "),
             "{:?}",
+            response.warnings
+        );
+        // The next verification was refused while time was left, predicted from this
+        // registry's verifications: never started to run past the budget.
+        assert!(
+            response
+                .warnings
+                .iter()
+                .any(|w| w.starts_with("lookup budget of 800 ms: ")
+                    && w.contains(&format!("({} would need about ", far.host))
+                    && w.contains(" ms were left)")),
+            "policy-server {}: {:?}",
+            model.name(),
             response.warnings
         );
         assert!(
@@ -953,6 +1154,14 @@ fn a_covered_source_50_ms_away_is_verified_at_the_source_within_the_budget() {
         assert!(
             asked.first().is_some_and(|first| first.ends_with(&image)),
             "policy-server {name}: the source verified first: {asked:?}"
+        );
+        // Then the mirror asked for exactly that digest, once, and nothing verified there: a
+        // second verification would not fit the time rule at a distance.
+        let digest_at_mirror = format!("{}/cache/{REPOSITORY}@{}", mirror.host, world.signed);
+        assert_eq!(asked.len(), 2, "policy-server {name}: {asked:?}");
+        assert!(
+            asked[1].ends_with(&digest_at_mirror) && !asked[1].contains("Verify"),
+            "policy-server {name}: the mirror's copy looked up, not verified: {asked:?}"
         );
         let round_trip = Duration::from_millis(50);
         let lookup = model.lookup(round_trip);
@@ -1301,8 +1510,15 @@ fn verification_texts_are_kwctls() {
 #[ignore = "needs real kwctl (KWCTL)"]
 fn record_signature_cases() {
     let kwctl = std::env::var("KWCTL").expect("KWCTL");
+    // Verified at the mirror, as these cases were recorded: verification at the source has
+    // the unit tests and the rig's tables.
+    let mirror_mode = |mut settings: Value| {
+        settings["verifySource"] = json!(false);
+        settings
+    };
     let keyed = World::start("e2e-sig-key", Signer::generate());
     let settings = keyed.swapper_settings(true);
+    let settings = mirror_mode(settings);
     let mut rejecting = settings.clone();
     rejecting["onUnverified"] = json!("reject");
     let signed = keyed.image("signed");
@@ -1350,6 +1566,7 @@ fn record_signature_cases() {
     );
     certified.copy_signature();
     let settings = certified.swapper_settings(true);
+    let settings = mirror_mode(settings);
     record_case(
         &kwctl,
         &certified,
@@ -1366,6 +1583,7 @@ fn record_signature_cases() {
         Some("signed"),
     );
     let settings = other.swapper_settings(true);
+    let settings = mirror_mode(settings);
     record_case(
         &kwctl,
         &other,

@@ -10,8 +10,9 @@ use crate::registry::{LookupError, Refusal, Registry};
 use crate::rules::Router;
 use crate::text::quote;
 
+use super::check_signed::{check_at_source, check_drift, signed_mirror};
 use super::{Routed, joined, mirror_digest, route, verified_digest};
-use crate::signatures::{Verification, covers, verifications_for};
+use crate::signatures::{Verification, rules_covering, verifications_for};
 
 /// A mirror image, as the lookup that asks the mirror for exactly what a node pulls.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,6 +112,10 @@ pub enum Presence {
     /// digest no longer verifies at that source (its signature deleted or replaced): the host's
     /// words and the digest. The mirror's own signature still vouches for it. A finding.
     RevokedAtSource { answer: String, digest: String },
+    /// A mirror image pinned to `digest` under a tag whose source now names another digest,
+    /// `now`, which verifies there (`verifySource: false` trusts the mirror's tags, so the
+    /// check is where a moved tag is seen). A finding.
+    Drifted { digest: String, now: String },
     /// A source image a target holds, but whose copy there does not verify under
     /// `signatures`: the target (its index), the host's words, and the digest the target
     /// serves when it was learned, which names the signature tag to copy. A finding.
@@ -133,8 +138,13 @@ pub enum CheckedImage {
     /// does that digest still verify at its source (`source`, `name@digest`)?
     SignedMirror {
         mirror: MirrorImage,
-        written: String,
+        /// Every string a Pod could write for its source (the record's original, and the
+        /// sources that route to the mirror image): what the rules are matched against.
+        spellings: Vec<String>,
         source: String,
+        /// `name:tag` at the source, when the mirror image names a tag: asked instead of the
+        /// digest when the mirror's tags are trusted (`verifySource: false`), to see it drift.
+        source_tag: Option<String>,
     },
 }
 
@@ -145,18 +155,14 @@ impl CheckedImage {
     /// `original` is the Pod's record, taken only when routing it gives this very image.
     pub fn of(image: &str, original: Option<&str>, policy: &Policy) -> Option<CheckedImage> {
         if let Some(mirror) = mirror_image(image, &policy.router) {
-            let covered = original
-                .filter(|original| policy.router.is_swap_of(original, image))
-                .filter(|original| covers(&policy.signatures, original));
-            let source = covered.zip(mirror.digest()).and_then(|(original, digest)| {
-                let reference = Reference::parse(original).ok()?;
-                Some((original, joined(reference.name(), '@', digest)))
-            });
-            return Some(match source {
-                Some((written, source)) => CheckedImage::SignedMirror {
+            return Some(match signed_mirror(image, original, &mirror, policy) {
+                Some((spellings, reference)) => CheckedImage::SignedMirror {
+                    source: joined(reference.name(), '@', mirror.digest().unwrap_or_default()),
+                    source_tag: reference
+                        .tag()
+                        .map(|tag| joined(reference.name(), ':', tag)),
                     mirror,
-                    written: written.to_string(),
-                    source,
+                    spellings,
                 },
                 None => CheckedImage::Mirror(mirror),
             });
@@ -182,12 +188,18 @@ impl CheckedImage {
             CheckedImage::Mirror(image) => check(image, registry),
             CheckedImage::SignedMirror {
                 mirror,
-                written,
+                spellings,
                 source,
+                source_tag,
             } => match check(mirror, registry) {
                 Presence::Present => {
-                    let verifications = verifications_for(&policy.signatures, written);
-                    check_at_source(source, mirror, &verifications, registry)
+                    let (_, verifications) = rules_covering(&policy.signatures, spellings);
+                    match source_tag {
+                        Some(tagged) if !policy.verify_covered_at_source => {
+                            check_drift(tagged, mirror, &verifications, registry)
+                        }
+                        _ => check_at_source(source, mirror, &verifications, registry),
+                    }
                 }
                 other => other,
             },
@@ -235,7 +247,9 @@ pub fn check_source(
             }
             Presence::OverBudget(refusal) => return Presence::OverBudget(refusal),
             // A target's copy is asked at the mirror only; kept as the answer should it come.
-            revoked @ Presence::RevokedAtSource { .. } => return revoked,
+            revoked @ (Presence::RevokedAtSource { .. } | Presence::Drifted { .. }) => {
+                return revoked;
+            }
         }
     }
     if let Some(found) = unverified {
@@ -266,33 +280,6 @@ pub fn check(image: &MirrorImage, registry: &mut impl Registry) -> Presence {
         },
         Err(LookupError::Absent(why)) => Presence::Gone(why),
         Err(LookupError::Failed(why) | LookupError::Unverified(why)) => Presence::NotChecked(why),
-        Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
-    }
-}
-
-/// Whether the digest a mirror image pins still verifies at its source, as a verifier on the
-/// source would verify it now.
-fn check_at_source(
-    source: &str,
-    mirror: &MirrorImage,
-    verifications: &[Verification<'_>],
-    registry: &mut impl Registry,
-) -> Presence {
-    let digest = mirror.digest().unwrap_or_default();
-    match mirror_digest(registry, source, verifications) {
-        Ok(answer) if answer == digest => Presence::Present,
-        Ok(answer) => Presence::NotChecked(format!(
-            "its source's verification answered digest {answer} for {}",
-            quote(source)
-        )),
-        Err(LookupError::Unverified(answer)) => Presence::RevokedAtSource {
-            answer,
-            digest: digest.to_string(),
-        },
-        Err(LookupError::Absent(why) | LookupError::Failed(why)) => Presence::NotChecked(format!(
-            "could not verify it at its source {} ({why})",
-            quote(source)
-        )),
         Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
     }
 }

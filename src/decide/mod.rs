@@ -5,7 +5,10 @@
 //! decision, which shares routing and lookups and nothing else.
 
 pub mod check;
+mod check_signed;
 mod failure;
+mod mirror_signature;
+mod mirror_spelled;
 mod verify_source;
 mod walk;
 
@@ -13,7 +16,7 @@ use crate::policy::{Policy, SwapPolicy};
 use crate::reference::{Reference, parse_digest};
 use crate::registry::{LookupError, Registry, registry_host};
 use crate::rules::{Destination, Route};
-use crate::signatures::Verification;
+use crate::signatures::{Verification, covers};
 use crate::text::quote;
 
 /// Why an image was not swapped as asked, in a word: the audit annotations' reason codes.
@@ -121,18 +124,22 @@ pub enum Routed<'p> {
         reference: Reference,
         destination: Destination<'p>,
     },
+    /// Written under a target while `signatures` or `verifiers` is set: judged as the sources
+    /// that route there (`mirror_spelled`).
+    MirrorSpelled { reference: Reference },
 }
 
 impl Routed<'_> {
     /// The registry hosts the decision asks first: the mirror's, and with `verifySource` and a
     /// tag, the source's. None when it looks nothing up.
-    pub fn first_hosts(&self, policy: &Policy) -> Vec<&str> {
-        let Routed::Mirror {
-            reference,
-            destination,
-        } = self
-        else {
-            return Vec::new();
+    pub fn first_hosts(&self, image: &str, policy: &Policy) -> Vec<&str> {
+        let (reference, destination) = match self {
+            Routed::Mirror {
+                reference,
+                destination,
+            } => (reference, destination),
+            Routed::MirrorSpelled { reference } => return vec![registry_host(reference.name())],
+            Routed::Settled(_) => return Vec::new(),
         };
         if policy.swap_policy == SwapPolicy::Always {
             return Vec::new();
@@ -140,6 +147,10 @@ impl Routed<'_> {
         let Some(first) = destination.targets.first() else {
             return Vec::new();
         };
+        // A covered image is verified at its source before any mirror is asked.
+        if policy.verify_covered_at_source && covers(&policy.signatures, image) {
+            return vec![reference.domain(), registry_host(&first.repository)];
+        }
         let mut hosts = vec![registry_host(&first.repository)];
         if policy.verify_source && reference.digest().is_none() {
             hosts.push(reference.domain());
@@ -164,6 +175,7 @@ pub fn route<'p>(image: &str, policy: &'p Policy) -> Routed<'p> {
     };
     match policy.router.route(&reference) {
         Route::NotMatched | Route::Excluded(_) => Routed::Settled(Decision::Unchanged),
+        Route::AlreadySwapped if policy.verifies() => Routed::MirrorSpelled { reference },
         Route::AlreadySwapped => Routed::Settled(Decision::AlreadySwapped),
         Route::Unroutable { rule, reason } => Routed::Settled(Decision::Keep(Note::new(
             Reason::Unroutable,
@@ -212,6 +224,9 @@ pub fn decide_routed(
             reference,
             destination,
         } => walk::decide_mirror(image, &reference, &destination, policy, secrets, registry),
+        Routed::MirrorSpelled { reference } => {
+            mirror_spelled::decide_mirror_spelled(image, &reference, policy, secrets, registry)
+        }
     }
 }
 
@@ -246,6 +261,10 @@ fn mirror_digest(
 ) -> Result<String, LookupError> {
     let mut verified: Option<String> = None;
     for verification in verifications {
+        // A rule that could not be read asks nothing: the image cannot be verified under it.
+        if let Verification::Unreadable { why } = verification {
+            return Err(LookupError::Failed((*why).to_string()));
+        }
         let answer = match registry.verify(lookup, verification) {
             Ok(answer) => answer,
             Err(LookupError::Unverified(why)) => {
@@ -534,6 +553,9 @@ pub mod tests {
         LookupError::Unverified(format!("no signatures found for image: {EU}"))
     }
 
+    /// `verifySource: false`: covered images verified at the mirror, its tags trusted.
+    const MIRROR_MODE: &str = r#","verifySource":false"#;
+
     fn signed(extra: &str) -> Policy {
         policy_from(&format!("{{{SIGNED}{extra}}}"))
     }
@@ -544,7 +566,7 @@ pub mod tests {
         registry
             .verifications
             .insert(EU.to_string(), Ok(DIGEST_B.to_string()));
-        let decision = decide("nginx:1.27", &signed(""), &mut registry);
+        let decision = decide("nginx:1.27", &signed(MIRROR_MODE), &mut registry);
         assert_eq!(
             decision,
             Decision::Swap {
@@ -566,7 +588,11 @@ pub mod tests {
         registry
             .verifications
             .insert(EU.to_string(), Err(unverified()));
-        let decision = decide("nginx:1.27", &signed(extra), &mut registry);
+        let decision = decide(
+            "nginx:1.27",
+            &signed(&format!("{MIRROR_MODE}{extra}")),
+            &mut registry,
+        );
         let (Decision::Keep(note) | Decision::Reject(note)) = &decision else {
             panic!("swapped to a copy that did not verify: {decision:?}");
         };
@@ -594,7 +620,7 @@ pub mod tests {
         registry
             .verifications
             .insert(US.to_string(), Ok(DIGEST_A.to_string()));
-        let decision = decide("nginx:1.27", &signed(""), &mut registry);
+        let decision = decide("nginx:1.27", &signed(MIRROR_MODE), &mut registry);
         assert!(
             matches!(&decision, Decision::Swap { image, .. } if *image == format!("{US}@{DIGEST_A}")),
             "{decision:?}"
@@ -614,7 +640,7 @@ pub mod tests {
             .verifications
             .insert(pinned.clone(), Ok(DIGEST_A.to_string()));
         let image = format!("nginx:1.27@{DIGEST_A}");
-        let decision = decide(&image, &signed(""), &mut registry);
+        let decision = decide(&image, &signed(MIRROR_MODE), &mut registry);
         assert!(
             matches!(&decision, Decision::Swap { image, .. } if *image == format!("{EU}@{DIGEST_A}")),
             "{decision:?}"
@@ -627,7 +653,7 @@ pub mod tests {
             US.replace(":1.27", &format!("@{DIGEST_A}")),
             Ok(DIGEST_B.to_string()),
         );
-        let decision = decide(&image, &signed(""), &mut registry);
+        let decision = decide(&image, &signed(MIRROR_MODE), &mut registry);
         assert!(matches!(decision, Decision::Keep(_)), "{decision:?}");
     }
 
@@ -643,7 +669,7 @@ pub mod tests {
             .verifications
             .insert(EU.to_string(), Err(error.clone()));
         registry.verifications.insert(US.to_string(), Err(error));
-        let decision = decide("nginx:1.27", &signed(""), &mut registry);
+        let decision = decide("nginx:1.27", &signed(MIRROR_MODE), &mut registry);
         assert!(
             matches!(&decision, Decision::Keep(note) if note.reason == reason),
             "{decision:?}"
@@ -866,6 +892,6 @@ pub mod tests {
         let policy = policy_from(&format!(
             r#"{{"verifySource":{verify_source},"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}]}}"#
         ));
-        assert_eq!(route(image, &policy).first_hosts(&policy), expected);
+        assert_eq!(route(image, &policy).first_hosts(image, &policy), expected);
     }
 }

@@ -11,9 +11,10 @@ use crate::rules::{Destination, MirrorRepository};
 use crate::text::quote;
 
 use super::failure::{Failure, earlier_failures, fallback};
+use super::mirror_signature::signature_copied;
 use super::verify_source::{SourceCheck, check_source};
 use super::{Decision, Note, PullSecrets, Reason, joined, mirror_digest};
-use crate::signatures::{Verification, verifications_for};
+use crate::signatures::{Verification, covers, verifications_for};
 
 /// One mirror's answer: the image to write (and what to tell), or why not, naming the
 /// reference that was looked up.
@@ -27,25 +28,58 @@ pub(super) fn decide_mirror(
     secrets: PullSecrets<'_>,
     registry: &mut impl Registry,
 ) -> Decision {
-    let mut failures: Vec<(String, Failure)> = Vec::new();
-    // Rules that could not be read may cover this image: nothing is swapped unverified.
-    if let Some(why) = &policy.verifiers_unreadable {
-        let first = destination.targets.first().map_or_else(
-            || image.to_string(),
-            |target| tagged(&target.repository, reference),
-        );
-        let failure = Failure::LookupError(format!(
-            "could not read the verifier policies whose signatures it may need ({why})"
-        ));
-        return fallback(policy, image, vec![(first, failure)]);
+    if let Some(decision) = unreadable_verifiers(image, reference, destination, policy) {
+        return decision;
     }
     // The rules of `signatures` match the image as the Pod writes it, as a verifier does.
     let verifications = verifications_for(&policy.signatures, image);
-    // With verifySource, a covered image is verified where a verifier on its source would
-    // verify it, and only that digest's copy in a mirror is swapped to: a signature removed or
-    // replaced at the source then counts at the next admission, whatever the mirror still holds.
-    let verified_at_source = if policy.verify_source && !verifications.is_empty() {
-        match verify_at_source(reference, &verifications, registry) {
+    decide_verified(
+        image,
+        reference,
+        destination,
+        &verifications,
+        policy,
+        secrets,
+        registry,
+    )
+}
+
+/// Rules that could not be read may cover this image: nothing is swapped unverified, and the
+/// image is `onLookupError`'s case.
+pub(super) fn unreadable_verifiers(
+    image: &str,
+    reference: &Reference,
+    destination: &Destination<'_>,
+    policy: &Policy,
+) -> Option<Decision> {
+    let why = policy.verifiers_unreadable.as_ref()?;
+    let first = destination.targets.first().map_or_else(
+        || image.to_string(),
+        |target| tagged(&target.repository, reference),
+    );
+    let failure = Failure::LookupError(format!(
+        "could not read the verifier policies whose signatures it may need ({why})"
+    ));
+    Some(fallback(policy, image, vec![(first, failure)]))
+}
+
+/// The walk once the verifications `image` must pass are known (none: an existence lookup).
+pub(super) fn decide_verified(
+    image: &str,
+    reference: &Reference,
+    destination: &Destination<'_>,
+    verifications: &[Verification<'_>],
+    policy: &Policy,
+    secrets: PullSecrets<'_>,
+    registry: &mut impl Registry,
+) -> Decision {
+    let mut failures: Vec<(String, Failure)> = Vec::new();
+    // A covered image is verified where a verifier on its source would verify it (unless
+    // `verifySource: false` trusts the mirror's tags), and only that digest's copy in a mirror
+    // is swapped to: a signature removed or replaced, or a tag moved, at the source then counts
+    // at the next admission, whatever the mirror still holds.
+    let verified_at_source = if policy.verify_covered_at_source && !verifications.is_empty() {
+        match verify_at_source(reference, verifications, registry) {
             Ok(digest) => Some(digest),
             Err(failure) => return fallback(policy, image, vec![failure]),
         }
@@ -62,8 +96,22 @@ pub(super) fn decide_mirror(
                 )),
             )),
             _ => match verified_at_source.as_deref() {
-                Some(digest) => holds_digest(digest, reference, target, &[], registry),
-                None => try_mirror(image, reference, target, policy, &verifications, registry),
+                Some(digest) => holds_digest(digest, reference, target, &[], registry).and_then(
+                    |(swapped, note)| {
+                        // A verifier after this one may see the mirror's name: when a rule
+                        // covers it, the copy needs the source's signature there too.
+                        if covers(&policy.signatures, &swapped) {
+                            signature_copied(
+                                reference.name(),
+                                &target.repository,
+                                digest,
+                                registry,
+                            )?;
+                        }
+                        Ok((swapped, note))
+                    },
+                ),
+                None => try_mirror(image, reference, target, policy, verifications, registry),
             },
         };
         match attempt {

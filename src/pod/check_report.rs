@@ -61,6 +61,17 @@ pub(super) fn check_outcome(
                     quote(&stale),
                 ));
             }
+            (Presence::Drifted { digest, now }, checked) => {
+                let source_tag = match checked {
+                    CheckedImage::SignedMirror { source_tag, .. } => source_tag.as_deref(),
+                    _ => None,
+                };
+                revoked.push(format!(
+                    "{container}: image {} runs digest {digest}, but the source's tag {} now names {now}, which verifies there; refill the mirror's tag from the source and roll out the Pods that run it",
+                    quote(image),
+                    quote(source_tag.unwrap_or_default()),
+                ));
+            }
             (
                 Presence::Gone(answer),
                 CheckedImage::Mirror(mirror) | CheckedImage::SignedMirror { mirror, .. },

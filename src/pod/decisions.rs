@@ -30,10 +30,26 @@ pub(super) fn decide_all(
     let mut running: Vec<Option<&str>> = Vec::with_capacity(candidates.len());
     let mut routed: Vec<(&str, Routed<'_>)> = Vec::new();
     let mut routed_images: BTreeSet<&str> = BTreeSet::new();
+    // Images written under a target that are judged as their sources: a swap of one to an
+    // image under no target writes it back to its source.
+    let mut mirror_spelled: BTreeSet<&str> = BTreeSet::new();
     for candidate in candidates {
         let swap = running_swap(candidate, recorded, &policy.router);
-        if swap.is_none() && routed_images.insert(candidate.image) {
-            routed.push((candidate.image, route(candidate.image, policy)));
+        // With `signatures` or `verifiers`, a re-applied swap is judged as any image written
+        // under the mirror's name: the running image must still verify.
+        let image = match swap {
+            Some(old_image) if policy.verifies() => Some(old_image),
+            Some(_) => None,
+            None => Some(candidate.image),
+        };
+        if let Some(image) = image
+            && routed_images.insert(image)
+        {
+            let routed_image = route(image, policy);
+            if matches!(routed_image, Routed::MirrorSpelled { .. }) {
+                mirror_spelled.insert(image);
+            }
+            routed.push((image, routed_image));
         }
         running.push(swap);
     }
@@ -50,6 +66,13 @@ pub(super) fn decide_all(
     let mut verdicts = Verdicts::default();
     let mut reported: BTreeSet<&str> = BTreeSet::new();
     for (candidate, running) in candidates.iter().zip(running) {
+        let judged_as_mirror = mirror_spelled.contains(candidate.image)
+            || running.is_some_and(|old_image| mirror_spelled.contains(old_image));
+        let written_back = |image: &str| {
+            judged_as_mirror
+                && crate::reference::Reference::parse(image)
+                    .is_ok_and(|parsed| policy.router.target_of(&parsed).is_none())
+        };
         let swap = |image: &str, pull_secret: Option<&String>, reapplied| Swap {
             list: candidate.list,
             index: candidate.index,
@@ -58,9 +81,21 @@ pub(super) fn decide_all(
             image: image.to_string(),
             pull_secret: pull_secret.cloned(),
             reapplied,
+            written_back: written_back(image),
         };
         if let Some(old_image) = running {
-            verdicts.swaps.push(swap(old_image, None, true));
+            match decisions.get(old_image) {
+                Some(decision) if policy.verifies() => {
+                    reapplied(
+                        old_image,
+                        decision,
+                        &mut reported,
+                        &mut verdicts,
+                        |image, secret| swap(image, secret, image == old_image),
+                    );
+                }
+                _ => verdicts.swaps.push(swap(old_image, None, true)),
+            }
             continue;
         }
         let Some(decision) = decisions.get(candidate.image) else {
@@ -90,13 +125,60 @@ pub(super) fn decide_all(
     verdicts
 }
 
+/// A re-applied original whose running swap (`old_image`) was judged as written under the
+/// mirror's name: kept when it still verifies (or no rule covers it), re-pinned to the digest
+/// that verified, refused, or (written back to its source) left at the original the manifest
+/// re-sent.
+fn reapplied<'i>(
+    old_image: &'i str,
+    decision: &Decision,
+    reported: &mut BTreeSet<&'i str>,
+    verdicts: &mut Verdicts,
+    swap: impl Fn(&str, Option<&String>) -> Swap,
+) {
+    let first = reported.insert(old_image);
+    let mut report = |note: &crate::decide::Note, list: fn(&mut Verdicts) -> &mut Vec<_>| {
+        if first {
+            list(verdicts).push((old_image.to_string(), note.clone()));
+        }
+    };
+    match decision {
+        Decision::Reject(note) => report(note, |v| &mut v.rejected),
+        Decision::Keep(note) => {
+            report(note, |v| &mut v.kept);
+            verdicts.swaps.push(swap(old_image, None));
+        }
+        Decision::Swap {
+            image,
+            pull_secret,
+            note,
+        } => {
+            if let Some(note) = note {
+                report(note, |v| &mut v.swapped_with_note);
+            }
+            let swap = swap(image, pull_secret.as_ref());
+            // Written back: the manifest's own original stays, as it re-sent it.
+            if !swap.written_back {
+                verdicts.swaps.push(swap);
+            }
+        }
+        Decision::Unchanged | Decision::AlreadySwapped => {
+            verdicts.swaps.push(swap(old_image, None));
+        }
+    }
+}
+
 /// The order the decisions are made in: first, for each registry in the order the Pod first
 /// names it, the first image whose decision asks it; then every other image in container
 /// order. Each registry is then timed while the budget is fresh, and every later lookup is
 /// predicted from its own registry's timing, whatever order the Pod names its registries in.
 /// The order is fixed by the Pod and the settings alone, so recorded lookups replay exactly.
 fn lookup_order(routed: &[(&str, Routed<'_>)], policy: &Policy) -> Vec<usize> {
-    first_of_each_registry(routed.iter().map(|(_, routed)| routed.first_hosts(policy)))
+    first_of_each_registry(
+        routed
+            .iter()
+            .map(|(image, routed)| routed.first_hosts(image, policy)),
+    )
 }
 
 /// The indexes of `asks` (the registry hosts each decision asks first, in container order) in

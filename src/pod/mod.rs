@@ -28,7 +28,10 @@ mod pull_secrets;
 mod reapply;
 mod record;
 mod report;
+#[cfg(test)]
+mod signed_tests;
 mod unmirrored;
+mod verifier_read;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,11 +43,10 @@ use crate::budget::{Budgeted, Clock};
 use crate::decide::{Note, Reason};
 use crate::policy::{Action, Policy};
 use crate::registry::Registry;
-use crate::verifiers::{Cluster, verifier_rules};
+use crate::verifiers::Cluster;
 
 use candidates::{Candidate, EPHEMERAL_LIST, candidates};
-use check_report::check_outcome;
-use checks::check_all;
+use checks::check;
 use decisions::decide_all;
 use object::{CONTAINER_LISTS, annotation, container_mut};
 use pull_secrets::{add_pull_secrets, pull_secret_names};
@@ -53,6 +55,8 @@ use record::{record_original_images, recorded_originals};
 use report::{audit_annotations, capped, messages};
 use unmirrored::{Requester, record_unmirrored};
 pub use unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
+pub use verifier_read::VERIFIERS_UNMATCHED;
+use verifier_read::{tell_unmatched, with_verifier_rules};
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
 /// this API object, so changing its images would only misreport what runs.
@@ -99,36 +103,6 @@ fn changed_containers(
         _ => &CONTAINER_LISTS,
     };
     candidates(&request.object, old, lists)
-}
-
-/// The check role: every container (on update, every changed one) whose image is a mirror
-/// image is looked up as a node would pull it. Static Pods' mirror Pods are checked too: their
-/// node pulls the same image.
-fn check(
-    request: &KubernetesAdmissionRequest,
-    operation: Operation,
-    policy: &Policy,
-    registry: &mut impl Registry,
-    clock: &impl Clock,
-) -> Outcome {
-    let candidates = changed_containers(request, operation);
-    let limit = Duration::from_millis(policy.lookup_budget_ms);
-    let mut budgeted = Budgeted::new(registry, clock, limit);
-    let originals = recorded_originals(&request.object);
-    let checked = check_all(&candidates, &originals, policy, &mut budgeted);
-    let report = budgeted.report();
-    check_outcome(&checked, &candidates, &originals, policy, &report)
-}
-
-/// The policy for one admission with the rules of the cluster's verifiers beside its own
-/// `signatures`; when they cannot be read, marked so that nothing is swapped unverified.
-fn with_verifier_rules(policy: &Policy, namespace: &str, cluster: &mut impl Cluster) -> Policy {
-    let mut policy = policy.clone();
-    match verifier_rules(&policy.verifiers, namespace, cluster) {
-        Ok(rules) => policy.signatures.extend(rules),
-        Err(why) => policy.verifiers_unreadable = Some(why),
-    }
-    policy
 }
 
 /// What to answer the API server.
@@ -189,6 +163,9 @@ pub(super) struct Swap {
     pub(super) pull_secret: Option<String>,
     /// Put back to the swap recorded for it: a re-applied manifest re-sent the original.
     pub(super) reapplied: bool,
+    /// An image the Pod wrote under a mirror's name, written back to its source because it
+    /// does not verify there: not a swap the record of originals names.
+    pub(super) written_back: bool,
 }
 
 /// What the decisions say of the candidates.
@@ -226,7 +203,7 @@ pub fn admit(
         Action::Check if !policy.check_admissions && !is_audit_scan(&request) => {
             return Outcome::unchanged();
         }
-        Action::Check => return check(&request, operation, policy, registry, clock),
+        Action::Check => return check(&request, operation, policy, registry, cluster, clock),
         // The scanner's answer is a report, never applied: a swap there changes nothing, and
         // its lookups would queue every admission behind the host's lock (hundreds of Pods
         // each hour).
@@ -280,10 +257,13 @@ pub fn admit(
     };
     // The verifiers' rules, read once the admission has images to decide on.
     let with_verifiers;
+    let mut unmatched = None;
     let policy = if policy.verifiers.is_empty() {
         policy
     } else {
-        with_verifiers = with_verifier_rules(policy, &request.namespace, cluster);
+        let read;
+        (read, unmatched) = with_verifier_rules(policy, &request.namespace, cluster);
+        with_verifiers = read;
         &with_verifiers
     };
     let existing_secrets = pull_secret_names(&request.object);
@@ -298,8 +278,9 @@ pub fn admit(
         &mut budgeted,
     );
     let report = budgeted.report();
-    let (warnings, rejections) = messages(&verdicts, policy, &report);
-    let audit = audit_annotations(&verdicts, &report);
+    let (mut warnings, rejections) = messages(&verdicts, policy, &report);
+    let mut audit = audit_annotations(&verdicts, &report);
+    tell_unmatched(&mut warnings, &mut audit, unmatched);
     if !rejections.is_empty() {
         let message = match rejections.len() {
             1 => rejections.into_iter().next().unwrap_or_default(),

@@ -35,12 +35,13 @@ pub(super) fn recorded_originals(object: &Value) -> BTreeMap<String, String> {
 /// is left. Says whether it changed the Pod.
 pub(super) fn record_original_images(object: &mut Value, swaps: &[Swap], router: &Router) -> bool {
     let current = annotation(object, ORIGINAL_IMAGES_ANNOTATION);
-    if current.is_none() && swaps.is_empty() {
+    if current.is_none() && swaps.iter().all(|s| s.written_back) {
         return false;
     }
     let existing = recorded_originals(object);
     let swapped: BTreeMap<&str, &str> = swaps
         .iter()
+        .filter(|s| !s.written_back)
         .map(|s| (s.name.as_str(), s.original.as_str()))
         .collect();
     let mut originals: BTreeMap<&str, &str> = BTreeMap::new();

@@ -6,6 +6,7 @@
 //! the pairwise target check, over a handful of rules) and builds no regular expression.
 
 mod exclude;
+mod lenient;
 mod mirrors;
 mod one_to_one;
 mod prefix;
@@ -20,6 +21,8 @@ use crate::rules::Router;
 
 use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
+
+pub use lenient::verifier_rules_from;
 
 pub use mirrors::{DefaultMirrorSetting, MirrorSetting, TargetSetting};
 pub use signatures::{
@@ -41,7 +44,9 @@ pub struct Settings {
     pub mirrors: Vec<MirrorSetting>,
     pub default_mirror: Option<DefaultMirrorSetting>,
     pub swap_policy: SwapPolicy,
-    pub verify_source: bool,
+    /// Unset: tag references of uncovered images are not compared, covered images are verified
+    /// at their source.
+    pub verify_source: Option<bool>,
     pub platforms: Vec<String>,
     pub pin_digest: bool,
     pub on_missing: Fallback,
@@ -71,7 +76,9 @@ pub struct Settings {
 #[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VerifierSetting {
-    pub module: String,
+    /// Unset: every policy whose `settings.signatures` has verify-image-signatures' shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
 }
 
 impl Default for Settings {
@@ -81,7 +88,7 @@ impl Default for Settings {
             mirrors: Vec::new(),
             default_mirror: None,
             swap_policy: SwapPolicy::Exists,
-            verify_source: false,
+            verify_source: None,
             platforms: Vec::new(),
             pin_digest: true,
             on_missing: Fallback::Keep,
@@ -137,23 +144,23 @@ impl Policy {
                     .ok()
             })
             .collect();
-        if !settings.platforms.is_empty() && !settings.verify_source {
+        if !settings.platforms.is_empty() && settings.verify_source != Some(true) {
             errors.push("platforms: only used with verifySource: true, which is not set; set it, or remove platforms".to_string());
         }
-        if settings.verify_source && settings.swap_policy == SwapPolicy::Always {
+        if settings.verify_source == Some(true) && settings.swap_policy == SwapPolicy::Always {
             errors.push("verifySource: true needs swapPolicy: exists; swapPolicy: always swaps without looking".to_string());
         }
         let signature_rules = signatures::rules(&settings.signatures, &mut errors);
-        let verifiers: Vec<Glob> = settings
+        let verifiers: Vec<Option<Glob>> = settings
             .verifiers
             .iter()
             .enumerate()
-            .filter_map(|(i, verifier)| {
-                Glob::new(&verifier.module)
-                    .map_err(|e| {
-                        errors.push(format!("verifiers[{i}].module: {:?}: {e}", verifier.module))
-                    })
+            .filter_map(|(i, verifier)| match &verifier.module {
+                None => Some(None),
+                Some(module) => Glob::new(module)
+                    .map_err(|e| errors.push(format!("verifiers[{i}].module: {module:?}: {e}")))
                     .ok()
+                    .map(Some),
             })
             .collect();
         // The settings that verify: either list may bring rules at admission.
@@ -191,7 +198,8 @@ impl Policy {
             action: settings.action,
             router: Router::new(rules, default_mirrors, exclude),
             swap_policy: settings.swap_policy,
-            verify_source: settings.verify_source,
+            verify_source: settings.verify_source == Some(true),
+            verify_covered_at_source: settings.verify_source != Some(false),
             platforms,
             pin_digest: settings.pin_digest,
             on_missing: settings.on_missing,
@@ -224,22 +232,6 @@ fn check_fill_job_usernames(settings: &Settings, errors: &mut Vec<String>) {
 impl Validatable for Settings {
     fn validate(&self) -> Result<(), String> {
         Policy::from_settings(self).map(|_| ())
-    }
-}
-
-/// The rules of a `signatures` list found in another policy's settings (a verifier's), validated
-/// as this policy's own; the error names `signatures[i]`, the field and the value.
-pub fn signature_rules_from(
-    list: &serde_json::Value,
-) -> Result<Vec<crate::signatures::SignatureRule>, String> {
-    let settings: Vec<SignatureSetting> = serde_path_to_error::deserialize(list)
-        .map_err(|e| format!("signatures{}: {}", e.path(), e.inner()))?;
-    let mut errors = Vec::new();
-    let rules = signatures::rules(&settings, &mut errors);
-    if errors.is_empty() {
-        Ok(rules)
-    } else {
-        Err(errors.join("; "))
     }
 }
 

@@ -125,6 +125,7 @@ fn rule(setting: &SignatureSetting, at: &str, errors: &mut Vec<String>) -> Optio
         image: image?,
         check: check?,
         annotations: setting.annotations.clone(),
+        origin: format!("{at} (image {:?})", setting.image),
     })
 }
 

@@ -1,0 +1,145 @@
+//! With verification at the source, the mirror copy the Pod is swapped to must also verify
+//! where a verifier after this policy sees it: when a rule covers the mirror's name too (rules
+//! on `*`, or on the target), that verifier verifies the copy at the mirror, which then needs
+//! the source's signature beside it. A second full verification does not fit the budget; the
+//! cosign signature tag (`sha256-<hex>.sig`, sigstore-rs `triangulate`) of the digest that
+//! verified is compared instead, one lookup at each side: the same manifest there is the same
+//! signature.
+
+use crate::registry::{LookupError, Registry};
+use crate::text::quote;
+
+use super::failure::Failure;
+use super::{joined, verified_digest};
+
+/// `sha256:<hex>` -> `sha256-<hex>.sig`.
+pub(super) fn signature_tag(digest: &str) -> String {
+    format!("{}.sig", digest.replacen(':', "-", 1))
+}
+
+/// Whether `mirror_repository` holds the signature tag of `digest` that `source_repository`
+/// holds; the failure (and the lookup that failed) when not.
+pub(super) fn signature_copied(
+    source_repository: &str,
+    mirror_repository: &str,
+    digest: &str,
+    registry: &mut impl Registry,
+) -> Result<(), (String, Failure)> {
+    let tag = signature_tag(digest);
+    let at_source = joined(source_repository, ':', &tag);
+    let at_mirror = joined(mirror_repository, ':', &tag);
+    if let Err(refusal) = registry.affordable(&[&at_source, &at_mirror]) {
+        let failure = Failure::Budget {
+            not_done: "its signature in the mirror not compared with the source's",
+            digests: None,
+            refusal,
+        };
+        return Err((at_mirror, failure));
+    }
+    let source = match verified_digest(registry, &at_source) {
+        Ok(source) => source,
+        Err(error) => {
+            let why = format!(
+                "could not look up its signature {} at the source ({})",
+                quote(&at_source),
+                describe(&error)
+            );
+            return Err((at_mirror, Failure::LookupError(why)));
+        }
+    };
+    let unverified = |why: String| Failure::unverified(why, Some(digest.to_string()));
+    match verified_digest(registry, &at_mirror) {
+        Ok(mirror) if mirror == source => Ok(()),
+        Ok(mirror) => Err((
+            at_mirror,
+            unverified(format!(
+                "its signature tag {tag} there is {mirror}, not the source's {source}; a verifier whose rules match the mirror's name would verify that one"
+            )),
+        )),
+        Err(LookupError::Absent(why)) => Err((
+            at_mirror,
+            unverified(format!(
+                "the mirror lacks its signature tag {tag} ({why}), which a verifier whose rules match the mirror's name needs"
+            )),
+        )),
+        Err(error) => {
+            let failure = match error {
+                LookupError::OverBudget(refusal) => Failure::not_looked_up(refusal),
+                other => Failure::LookupError(format!(
+                    "could not look up its signature in the mirror ({})",
+                    describe(&other)
+                )),
+            };
+            Err((at_mirror, failure))
+        }
+    }
+}
+
+fn describe(error: &LookupError) -> String {
+    match error {
+        LookupError::Absent(why) | LookupError::Failed(why) | LookupError::Unverified(why) => {
+            why.clone()
+        }
+        LookupError::OverBudget(refusal) => refusal.describe(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use super::super::{Decision, Reason, decide};
+    use crate::registry::LookupError;
+    use rstest::rstest;
+
+    const SOURCE_SIG: &str = "docker.io/library/nginx:sha256-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.sig";
+    const MIRROR_SIG: &str = "m.io/hub/library/nginx:sha256-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.sig";
+
+    /// Rules on `*` (so on the mirror's name too), verified at the source at B, the mirror
+    /// holding B: swapped only when the mirror's signature tag of B is the source's.
+    #[rstest]
+    #[case::same_signature(Ok(DIGEST_A), None)]
+    #[case::another_signature(Ok(DIGEST_B), Some(Reason::Unverified))]
+    #[case::no_signature(Err(LookupError::Absent("manifest unknown".to_string())), Some(Reason::Unverified))]
+    #[case::mirror_down(Err(LookupError::Failed("connection refused".to_string())), Some(Reason::LookupError))]
+    fn a_copy_a_rule_covers_at_the_mirror_needs_the_sources_signature_there(
+        #[case] at_mirror: Result<&str, LookupError>,
+        #[case] kept: Option<Reason>,
+    ) {
+        let policy = policy_from(
+            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],
+            "signatures":[{"image":"*","pubKeys":["-----BEGIN PUBLIC KEY-----\nK\n-----END PUBLIC KEY-----"]}]}"#,
+        );
+        let pinned = format!("m.io/hub/library/nginx@{DIGEST_B}");
+        let mut registry = FakeRegistry::default()
+            .with(&pinned, Ok(DIGEST_B))
+            .with(SOURCE_SIG, Ok(DIGEST_A))
+            .with(MIRROR_SIG, at_mirror);
+        registry.verifications.insert(
+            "docker.io/library/nginx:1.27".to_string(),
+            Ok(DIGEST_B.to_string()),
+        );
+        let decision = decide("nginx:1.27", &policy, &mut registry);
+        match (kept, &decision) {
+            (None, Decision::Swap { image, .. }) => {
+                assert_eq!(*image, format!("m.io/hub/library/nginx:1.27@{DIGEST_B}"));
+            }
+            (Some(reason), Decision::Keep(note)) => {
+                assert_eq!(note.reason, reason, "{}", note.text);
+                if reason == Reason::Unverified {
+                    // The digest names the signature tag the fill job copies.
+                    assert_eq!(note.unverified_digest.as_deref(), Some(DIGEST_B));
+                }
+            }
+            _ => panic!("{kept:?}: {decision:?}"),
+        }
+        assert_eq!(
+            registry.asked,
+            [
+                "verify docker.io/library/nginx:1.27".to_string(),
+                pinned,
+                SOURCE_SIG.to_string(),
+                MIRROR_SIG.to_string()
+            ]
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! Admissions with `signatures` or `verifiers` where an image is written under a mirror's name:
+//! a re-applied swap, an image set by hand, and the check role reading the verifiers.
+
+use kubewarden_policy_sdk::request::{GroupVersionKind, KubernetesAdmissionRequest, UserInfo};
+use serde_json::{Value, json};
+
+use super::{ORIGINAL_IMAGES_ANNOTATION, Outcome, Verdict, admit};
+use crate::budget::tests::FakeClock;
+use crate::decide::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+use crate::registry::LookupError;
+use crate::verifiers::{Cluster, NoCluster, PolicyKind};
+
+const KEY: &str = "-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----";
+const SWAPPED: &str = "m.io/hub/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const BY_DIGEST: &str = "m.io/hub/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const SOURCE_AT_A: &str = "docker.io/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+fn signed(extra: &str) -> String {
+    format!(
+        r#"{{"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"signatures":[{{"image":"nginx*","pubKeys":[{KEY:?}]}}]{extra}}}"#
+    )
+}
+
+fn pod(image: &str, originals: Option<Value>) -> Value {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "team", "uid": "0e5c"},
+        "spec": {"containers": [{"name": "web", "image": image}]}});
+    if let Some(originals) = originals {
+        pod["metadata"]["annotations"] =
+            json!({ ORIGINAL_IMAGES_ANNOTATION: originals.to_string() });
+    }
+    pod
+}
+
+fn update(new: Value, old: Value) -> KubernetesAdmissionRequest {
+    KubernetesAdmissionRequest {
+        uid: "1299d386".to_string(),
+        kind: GroupVersionKind {
+            group: String::new(),
+            version: "v1".to_string(),
+            kind: "Pod".to_string(),
+        },
+        operation: "UPDATE".to_string(),
+        namespace: "team".to_string(),
+        object: new,
+        old_object: old,
+        user_info: UserInfo {
+            username: "alice".to_string(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The audit scanner's replay of a running Pod.
+fn scanned(image: &str) -> KubernetesAdmissionRequest {
+    let mut request = update(pod(image, None), Value::Null);
+    request.operation = "CREATE".to_string();
+    request.uid = "0e5c".to_string();
+    request.user_info = UserInfo::default();
+    request
+}
+
+fn run(
+    settings: &str,
+    request: KubernetesAdmissionRequest,
+    registry: &mut FakeRegistry,
+    cluster: &mut impl Cluster,
+) -> Outcome {
+    let policy = policy_from(settings);
+    admit(request, &policy, registry, cluster, &FakeClock::default())
+}
+
+fn image_of(outcome: &Outcome) -> Option<&str> {
+    match &outcome.verdict {
+        Verdict::Mutate(pod) => pod.pointer("/spec/containers/0/image")?.as_str(),
+        _ => None,
+    }
+}
+
+fn unsigned() -> Result<String, LookupError> {
+    Err(LookupError::Unverified("no signatures found".to_string()))
+}
+
+/// `kubectl apply` re-sends `nginx:1.27` while the Pod runs its swap: the running image is
+/// kept only while its source still verifies at the digest it runs.
+#[test]
+fn a_reapplied_swap_is_kept_only_while_its_source_verifies() {
+    let record = json!({"web": "nginx:1.27"});
+    let old = pod(SWAPPED, Some(record.clone()));
+    let new = pod("nginx:1.27", Some(record));
+    let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
+    registry
+        .verifications
+        .insert(SOURCE_AT_A.to_string(), Ok(DIGEST_A.to_string()));
+    let outcome = run(
+        &signed(""),
+        update(new.clone(), old.clone()),
+        &mut registry,
+        &mut NoCluster,
+    );
+    assert_eq!(image_of(&outcome), Some(SWAPPED), "{outcome:?}");
+    assert_eq!(
+        registry.asked,
+        [format!("verify {SOURCE_AT_A}"), BY_DIGEST.to_string()]
+    );
+
+    // Its signature removed at the source: the manifest's own original stays, and says why.
+    registry
+        .verifications
+        .insert(SOURCE_AT_A.to_string(), unsigned());
+    let outcome = run(&signed(""), update(new, old), &mut registry, &mut NoCluster);
+    assert!(
+        matches!(image_of(&outcome), None | Some("nginx:1.27")),
+        "{outcome:?}"
+    );
+    assert!(
+        outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("written back to its source")),
+        "{:?}",
+        outcome.warnings
+    );
+}
+
+/// `kubectl set image pod/p web=<mirror name>` of an unsigned image: written back to its
+/// source, which is not recorded as a swap.
+#[test]
+fn an_unsigned_image_set_under_the_mirrors_name_is_written_back_and_not_recorded() {
+    let old = pod("nginx:1.26", None);
+    let new = pod(SWAPPED, None);
+    let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
+    registry
+        .verifications
+        .insert(SOURCE_AT_A.to_string(), unsigned());
+    let outcome = run(&signed(""), update(new, old), &mut registry, &mut NoCluster);
+    assert_eq!(image_of(&outcome), Some(SOURCE_AT_A), "{outcome:?}");
+    let Verdict::Mutate(written) = &outcome.verdict else {
+        unreachable!()
+    };
+    let annotations = written.pointer("/metadata/annotations");
+    assert_eq!(
+        annotations.and_then(|a| a.get(ORIGINAL_IMAGES_ANNOTATION)),
+        None,
+        "{annotations:?}"
+    );
+    let refused = run(
+        &signed(r#","onUnverified":"reject""#),
+        update(pod(SWAPPED, None), pod("nginx:1.26", None)),
+        &mut registry,
+        &mut NoCluster,
+    );
+    assert!(
+        matches!(&refused.verdict, Verdict::Reject(message) if message.contains("is the mirror copy of")),
+        "{refused:?}"
+    );
+}
+
+/// One ClusterAdmissionPolicy verifier covering `nginx*`.
+struct OneVerifier;
+
+impl Cluster for OneVerifier {
+    fn list(&mut self, kind: PolicyKind, _namespace: Option<&str>) -> Result<Value, String> {
+        Ok(match kind {
+            PolicyKind::ClusterAdmissionPolicy => json!({"items": [{"metadata": {"name": "verify"},
+                "spec": {"module": "registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11",
+                "settings": {"signatures": [{"image": "nginx*", "pubKeys": [KEY]}]}}}]}),
+            _ => json!({"items": []}),
+        })
+    }
+}
+
+const CHECK_WITH_VERIFIERS: &str = r#"{"action":"check","mirrors":[{"source":"docker.io","target":"m.io/hub"}],
+    "verifiers":[{"module":"*/verify-image-signatures:*"}]}"#;
+
+/// The check role applies the verifiers' rules: a running mirror image whose source no longer
+/// verifies under them is a finding; verifiers it cannot read make the check an error.
+#[test]
+fn the_check_role_reports_a_revocation_under_a_verifiers_rules() {
+    let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
+    let source = "docker.io/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    registry
+        .verifications
+        .insert(source.to_string(), unsigned());
+    let outcome = run(
+        CHECK_WITH_VERIFIERS,
+        scanned(SWAPPED),
+        &mut registry,
+        &mut OneVerifier,
+    );
+    assert!(
+        matches!(&outcome.verdict, Verdict::Reject(message) if message.contains("no longer verifies at its source")),
+        "{outcome:?}"
+    );
+    let outcome = run(
+        CHECK_WITH_VERIFIERS,
+        scanned(SWAPPED),
+        &mut registry,
+        &mut NoCluster,
+    );
+    assert!(
+        matches!(&outcome.verdict, Verdict::Error(message) if message.contains("could not read the verifier policies")),
+        "{outcome:?}"
+    );
+}
+
+/// `verifySource: false` trusts the mirror's tags: the check compares the running digest with
+/// what the source's tag names now.
+#[test]
+fn the_check_role_reports_a_drifted_tag_when_the_mirrors_tags_are_trusted() {
+    let settings = signed(r#","action":"check","verifySource":false"#);
+    let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
+    registry.verifications.insert(
+        "docker.io/library/nginx:1.27".to_string(),
+        Ok(DIGEST_B.to_string()),
+    );
+    let outcome = run(&settings, scanned(SWAPPED), &mut registry, &mut NoCluster);
+    assert!(
+        matches!(&outcome.verdict, Verdict::Reject(message) if message.contains(&format!("now names {DIGEST_B}"))),
+        "{outcome:?}"
+    );
+    registry.verifications.insert(
+        "docker.io/library/nginx:1.27".to_string(),
+        Ok(DIGEST_A.to_string()),
+    );
+    let outcome = run(&settings, scanned(SWAPPED), &mut registry, &mut NoCluster);
+    assert_eq!(outcome.verdict, Verdict::Accept);
+}
+
+/// A `module` pattern that matches no policy read is said, in a warning and an audit
+/// annotation naming the pattern and the policies read.
+#[test]
+fn a_module_pattern_that_matches_no_policy_is_said() {
+    let settings = r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],
+        "verifiers":[{"module":"registry://ghcr.io/kubewarden/policies/verify-image-signatures:*"}]}"#;
+    let create = |image: &str| {
+        let mut request = update(pod(image, None), Value::Null);
+        request.operation = "CREATE".to_string();
+        request
+    };
+    let mut registry = FakeRegistry::default().with("m.io/hub/library/busybox:1", Ok(DIGEST_A));
+    let outcome = run(
+        settings,
+        create("busybox:1"),
+        &mut registry,
+        &mut OneVerifier,
+    );
+    assert!(
+        !outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("matched no policy")),
+        "{:?}",
+        outcome.warnings
+    );
+    assert!(!outcome.audit.contains_key(super::VERIFIERS_UNMATCHED));
+    let settings = settings.replace(":*\"}", "@*\"}");
+    let outcome = run(
+        &settings,
+        create("busybox:1"),
+        &mut registry,
+        &mut OneVerifier,
+    );
+    assert!(
+        outcome.warnings.iter().any(|w| w.contains(
+            "verifiers: the module pattern \"registry://ghcr.io/kubewarden/policies/verify-image-signatures@*\" matched no policy read (read: ClusterAdmissionPolicy verify (registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11))"
+        )),
+        "{:?}",
+        outcome.warnings
+    );
+    let audit: Value =
+        serde_json::from_str(&outcome.audit[super::VERIFIERS_UNMATCHED]).expect("JSON");
+    assert_eq!(
+        audit["globs"],
+        json!(["registry://ghcr.io/kubewarden/policies/verify-image-signatures@*"])
+    );
+}

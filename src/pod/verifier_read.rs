@@ -1,0 +1,59 @@
+//! The verifiers an admission reads from the cluster (`verifiers`), beside the policy's own
+//! `signatures`, for both roles; and what it says when a `module` pattern matched no policy.
+//! Separate because it is the one step that reads the cluster, not a registry.
+
+use std::collections::BTreeMap;
+
+use crate::policy::Policy;
+use crate::verifiers::{Cluster, verifier_rules};
+
+use super::report::capped;
+
+/// The policy for one admission with the rules of the cluster's verifiers beside its own
+/// `signatures`; when they cannot be read, marked so that nothing is swapped unverified. With
+/// it, when a `module` pattern matched no policy: the warning and the audit annotation that
+/// say so, naming the patterns and the policies read.
+pub(super) fn with_verifier_rules(
+    policy: &Policy,
+    namespace: &str,
+    cluster: &mut impl Cluster,
+) -> (Policy, Option<(String, String)>) {
+    let mut policy = policy.clone();
+    let mut unmatched = None;
+    match verifier_rules(&policy.verifiers, namespace, cluster) {
+        Ok(read) => {
+            if !read.unmatched.is_empty() {
+                let globs: Vec<String> = read.unmatched.iter().map(|g| format!("{g:?}")).collect();
+                let policies = match read.read.len() {
+                    0 => "none".to_string(),
+                    _ => capped(read.read.clone(), "policies").join(", "),
+                };
+                let warning = format!(
+                    "verifiers: the module pattern{} {} matched no policy read (read: {policies}); images are verified only under the verifiers found, so a verifier loaded from another module name is not applied here: correct the pattern, or omit module to find verifiers by their settings",
+                    if globs.len() == 1 { "" } else { "s" },
+                    globs.join(", ")
+                );
+                let audit = serde_json::json!({"globs": read.unmatched, "read": read.read});
+                unmatched = Some((warning, audit.to_string()));
+            }
+            policy.signatures.extend(read.rules);
+        }
+        Err(why) => policy.verifiers_unreadable = Some(why),
+    }
+    (policy, unmatched)
+}
+
+/// Adds the warning and audit annotation of `module` patterns that matched no policy.
+pub(super) fn tell_unmatched(
+    warnings: &mut Vec<String>,
+    audit: &mut BTreeMap<String, String>,
+    unmatched: Option<(String, String)>,
+) {
+    if let Some((warning, annotation)) = unmatched {
+        warnings.push(warning);
+        audit.insert(VERIFIERS_UNMATCHED.to_string(), annotation);
+    }
+}
+
+/// The audit annotation naming the `module` patterns of `verifiers` that matched no policy.
+pub const VERIFIERS_UNMATCHED: &str = "verifiers-unmatched";
