@@ -14,6 +14,7 @@ use rig::cosign::{Signer, signature_tag};
 use rig::hosts::LiveHost;
 use rig::images::Image;
 use rig::registry::TestRegistry;
+use rig::tools::RealTools;
 use rig::wapc::SharedHost;
 use rig::{pod_request, shared, validate};
 use serde_json::{Value, json};
@@ -1181,11 +1182,11 @@ fn a_covered_source_50_ms_away_is_verified_at_the_source_within_the_budget() {
     }
 }
 
-/// Runs real kwctl (`KWCTL`) on one case against the registries (plain HTTP on loopback, named
+/// Runs the real kwctl on one case against the registries (plain HTTP on loopback, named
 /// in `insecure_sources`), recording its host interactions, and writes the case to
 /// `e2e/cases/<name>`: the request, the settings, kwctl's session under a header that says how
 /// it was made, and what kwctl answered as the expectation (the figures of time left out).
-fn record_case(kwctl: &str, world: &World, name: &str, settings: &Value, image: &str) {
+fn record_case(tools: &RealTools, world: &World, name: &str, settings: &Value, image: &str) {
     let dir = rig::root().join("e2e/cases").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("case directory");
@@ -1210,8 +1211,10 @@ fn record_case(kwctl: &str, world: &World, name: &str, settings: &Value, image: 
     )
     .expect("settings");
     let session = std::env::temp_dir().join(format!("{name}-session.yml"));
-    let output = std::process::Command::new(kwctl)
+    let output = std::process::Command::new(tools.bin("kwctl"))
         .arg("run")
+        .arg("--sigstore-trust-config")
+        .arg(tools.sigstore_trust_config())
         .arg("--settings-path")
         .arg(dir.join("settings.yml"))
         .arg("--request-path")
@@ -1220,21 +1223,11 @@ fn record_case(kwctl: &str, world: &World, name: &str, settings: &Value, image: 
         .arg(&sources)
         .arg("--record-host-capabilities-interactions")
         .arg(&session)
-        .arg(rig::root().join("annotated-policy.wasm"))
+        .arg(tools.annotated_policy())
         .output()
         .expect("kwctl runs");
     assert!(output.status.success(), "{name}: {output:?}");
-    let version = std::process::Command::new(kwctl)
-        .arg("--version")
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string()
-        })
-        .unwrap_or_default();
+    let version = tools.kwctl_version();
     let header = format!(
         "# Recorded by real kwctl ({version}) against CNCF distribution registries over plain HTTP on\n# loopback (insecure_sources), images signed as `cosign sign --key` signs them:\n# KWCTL=kwctl cargo test --test signatures record_signature_cases -- --ignored\n"
     );
@@ -1284,31 +1277,21 @@ fn record_case(kwctl: &str, world: &World, name: &str, settings: &Value, image: 
 /// One webhook through real kwctl, its lookups live (the registries named in
 /// `insecure_sources`): the object it stores, or its refusal.
 fn kwctl_webhook(
-    kwctl: &str,
-    module: &str,
+    tools: &RealTools,
+    module: &std::path::Path,
     settings: &Value,
     object: &Value,
     sources: &std::path::Path,
 ) -> Admitted {
-    let dir = std::env::temp_dir().join("sig-chain");
-    std::fs::create_dir_all(&dir).expect("dir");
     let mut request = pod("");
     request["object"] = object.clone();
-    std::fs::write(dir.join("request.json"), request.to_string()).expect("request");
-    std::fs::write(dir.join("settings.json"), settings.to_string()).expect("settings");
-    let output = std::process::Command::new(kwctl)
-        .arg("run")
-        .arg("--settings-path")
-        .arg(dir.join("settings.json"))
-        .arg("--request-path")
-        .arg(dir.join("request.json"))
-        .arg("--sources-path")
-        .arg(sources)
-        .arg(module)
-        .output()
-        .expect("kwctl runs");
-    let answer: Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{module}: {e}: {output:?}"));
+    let (answer, _) = tools.kwctl_run(
+        module,
+        settings,
+        &request,
+        &["--sources-path".as_ref(), sources.as_os_str()],
+        &[],
+    );
     if answer["allowed"] != json!(true) {
         return Err(answer["status"]["message"]
             .as_str()
@@ -1328,18 +1311,16 @@ fn kwctl_webhook(
     Ok(image_of(&patched))
 }
 
-/// The chain of the tests above, with the real verify-image-signatures module and the real
-/// kwctl instead of the rig: every outcome (the image stored, or a refusal) is the rig's.
-/// Run by hand: `KWCTL=... VERIFIER_WASM=verify_image_signatures.wasm cargo test --test
-/// signatures the_chain_is_the_real_verifiers -- --ignored` (build the verifier from
-/// kubewarden/policies; it is not part of this repository).
+/// The chain of the tests above, with the real verify-image-signatures 1.0.11 module and the
+/// real kwctl 1.35 (the real tools) instead of the rig: every outcome (the image stored, or a
+/// refusal) is the rig's.
 #[test]
-#[ignore = "needs real kwctl (KWCTL) and verify-image-signatures (VERIFIER_WASM)"]
 fn the_chain_is_the_real_verifiers() {
-    let kwctl = std::env::var("KWCTL").expect("KWCTL");
-    let verifier_wasm = std::env::var("VERIFIER_WASM").expect("VERIFIER_WASM");
-    let swapper_wasm = rig::root().join("annotated-policy.wasm");
-    let swapper_wasm = swapper_wasm.to_string_lossy();
+    let Some(tools) = RealTools::find("the_chain_is_the_real_verifiers") else {
+        return;
+    };
+    let verifier_wasm = tools.bin("verify-image-signatures.wasm");
+    let swapper_wasm = tools.annotated_policy();
     for signer in [
         Signer::generate(),
         Signer::with_certificate("release@example.com"),
@@ -1369,7 +1350,7 @@ fn the_chain_is_the_real_verifiers() {
                             let verifier_settings = json!({"signatures": rules});
                             let real = match order {
                                 Order::SwapperFirst => kwctl_webhook(
-                                    &kwctl,
+                                    &tools,
                                     &swapper_wasm,
                                     &swapper_settings,
                                     &pod(&image)["object"],
@@ -1377,7 +1358,7 @@ fn the_chain_is_the_real_verifiers() {
                                 )
                                 .and_then(|stored| {
                                     kwctl_webhook(
-                                        &kwctl,
+                                        &tools,
                                         &verifier_wasm,
                                         &verifier_settings,
                                         &pod(&stored)["object"],
@@ -1385,7 +1366,7 @@ fn the_chain_is_the_real_verifiers() {
                                     )
                                 }),
                                 Order::VerifierFirst => kwctl_webhook(
-                                    &kwctl,
+                                    &tools,
                                     &verifier_wasm,
                                     &verifier_settings,
                                     &pod(&image)["object"],
@@ -1393,7 +1374,7 @@ fn the_chain_is_the_real_verifiers() {
                                 )
                                 .and_then(|stored| {
                                     kwctl_webhook(
-                                        &kwctl,
+                                        &tools,
                                         &swapper_wasm,
                                         &swapper_settings,
                                         &pod(&stored)["object"],
@@ -1424,12 +1405,12 @@ fn the_chain_is_the_real_verifiers() {
 
 /// The rig's answers to `v2/verify` are real kwctl's, to the letter: each request below is
 /// answered by kwctl (its session records the host's text) and by the rig's host, and the two
-/// are compared whole. Run by hand: `KWCTL=/path/to/kwctl cargo test --test signatures
-/// verification_texts_are_kwctls -- --ignored` after `make annotated-policy.wasm`.
+/// are compared whole (kwctl 1.35 of the real tools).
 #[test]
-#[ignore = "needs real kwctl (KWCTL)"]
 fn verification_texts_are_kwctls() {
-    let kwctl = std::env::var("KWCTL").expect("KWCTL");
+    let Some(tools) = RealTools::find("verification_texts_are_kwctls") else {
+        return;
+    };
     let world = World::start("sig-texts", Signer::generate());
     world.copy_signature();
     let stranger = Signer::generate();
@@ -1461,7 +1442,7 @@ fn verification_texts_are_kwctls() {
     for (name, settings, tag) in &cases {
         let image = world.image(tag);
         let case = format!("sig-texts-{}", name.replace(' ', "-"));
-        record_case(&kwctl, &world, &case, settings, &image);
+        record_case(&tools, &world, &case, settings, &image);
         let dir = rig::root().join("e2e/cases").join(&case);
         let session = std::fs::read_to_string(dir.join("session.yml")).expect("session");
         let _ = std::fs::remove_dir_all(&dir);
@@ -1504,12 +1485,12 @@ fn verification_texts_are_kwctls() {
 /// Records the e2e cases of `signatures` with real kwctl: swapped once the signature is in the
 /// mirror (by key, by certificate, and pinned as a verifier that runs first leaves the image),
 /// kept or refused while it is not, and kept when the mirror's tag names another digest than
-/// the one signed. Run by hand: `KWCTL=/path/to/kwctl cargo test --test signatures
-/// record_signature_cases -- --ignored` after `make annotated-policy.wasm`.
+/// the one signed. It rewrites the committed cases, so it runs only by hand: `cargo test --test
+/// signatures record_signature_cases -- --ignored` (with the real tools).
 #[test]
-#[ignore = "needs real kwctl (KWCTL)"]
+#[ignore = "rewrites e2e/cases/signatures-*: run by hand"]
 fn record_signature_cases() {
-    let kwctl = std::env::var("KWCTL").expect("KWCTL");
+    let tools = RealTools::find("record_signature_cases").expect("the real tools");
     // Verified at the mirror, as these cases were recorded: verification at the source has
     // the unit tests and the rig's tables.
     let mirror_mode = |mut settings: Value| {
@@ -1523,21 +1504,21 @@ fn record_signature_cases() {
     rejecting["onUnverified"] = json!("reject");
     let signed = keyed.image("signed");
     record_case(
-        &kwctl,
+        &tools,
         &keyed,
         "signatures-unverified-kept",
         &settings,
         &signed,
     );
     record_case(
-        &kwctl,
+        &tools,
         &keyed,
         "signatures-unverified-rejected",
         &rejecting,
         &signed,
     );
     record_case(
-        &kwctl,
+        &tools,
         &keyed,
         "signatures-unsigned-kept",
         &settings,
@@ -1545,7 +1526,7 @@ fn record_signature_cases() {
     );
     keyed.copy_signature();
     record_case(
-        &kwctl,
+        &tools,
         &keyed,
         "signatures-verified-swapped",
         &settings,
@@ -1553,7 +1534,7 @@ fn record_signature_cases() {
     );
     let pinned = format!("{signed}@{}", keyed.signed);
     record_case(
-        &kwctl,
+        &tools,
         &keyed,
         "signatures-pinned-by-verifier-swapped",
         &settings,
@@ -1568,7 +1549,7 @@ fn record_signature_cases() {
     let settings = certified.swapper_settings(true);
     let settings = mirror_mode(settings);
     record_case(
-        &kwctl,
+        &tools,
         &certified,
         "signatures-certificate-swapped",
         &settings,
@@ -1585,7 +1566,7 @@ fn record_signature_cases() {
     let settings = other.swapper_settings(true);
     let settings = mirror_mode(settings);
     record_case(
-        &kwctl,
+        &tools,
         &other,
         "signatures-other-digest-kept",
         &settings,

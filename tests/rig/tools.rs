@@ -179,33 +179,44 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub fn start(tools: &RealTools, controller_manager: bool) -> ControlPlane {
-        let data = scratch_dir("k8s");
-        let kubeconfig = data.join("admin.kubeconfig");
-        let port = free_port();
-        let output = Command::new(tools.dir.join("start.sh"))
-            .arg(&data)
-            .env("K8S_DIR", &tools.dir)
-            .env("KUBE_PORT", port.to_string())
-            .env("ETCD_PORT", free_port().to_string())
-            .env("ETCD_PEER_PORT", free_port().to_string())
-            .env("KCM_PORT", free_port().to_string())
-            .env("START_KCM", if controller_manager { "1" } else { "0" })
-            .env("KUBECONFIG_OUT", &kubeconfig)
-            .output()
-            .expect("start.sh");
-        let plane = ControlPlane {
-            tools: tools.clone(),
-            data,
-            kubeconfig,
-            port,
-        };
-        assert!(
-            output.status.success(),
-            "start.sh: {}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        plane
+        // A port found free can be taken before etcd or the API server binds it (a client's
+        // ephemeral port, another test's plane): start.sh then stops what it started, and the
+        // plane starts again on other ports, three times at most.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let data = scratch_dir("k8s");
+            let kubeconfig = data.join("admin.kubeconfig");
+            let port = free_port();
+            let output = Command::new(tools.dir.join("start.sh"))
+                .arg(&data)
+                .env("K8S_DIR", &tools.dir)
+                .env("KUBE_PORT", port.to_string())
+                .env("ETCD_PORT", free_port().to_string())
+                .env("ETCD_PEER_PORT", free_port().to_string())
+                .env("KCM_PORT", free_port().to_string())
+                .env("START_KCM", if controller_manager { "1" } else { "0" })
+                .env("KUBECONFIG_OUT", &kubeconfig)
+                .output()
+                .expect("start.sh");
+            let plane = ControlPlane {
+                tools: tools.clone(),
+                data,
+                kubeconfig,
+                port,
+            };
+            if output.status.success() {
+                return plane;
+            }
+            last = format!(
+                "{}\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            if !last.contains("already in use") {
+                break;
+            }
+        }
+        panic!("start.sh: {last}");
     }
 
     /// The API server's CA, for a client of it (PEM).
