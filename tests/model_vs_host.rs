@@ -796,6 +796,9 @@ fn signing_settings(signer: &rig::cosign::Signer) -> Value {
             {"source": "src.example", "target": "MIRROR/cache"},
         ],
         "signatures": [{"image": "src.example/org/*", "pubKeys": [signer.public_pem]}],
+        // Verification at the mirror, which these scenarios compare: `src.example` names no
+        // registry (unset, a covered image would be verified at its source first).
+        "verifySource": false,
     })
 }
 
@@ -1150,6 +1153,8 @@ fn verifiers_settings() -> Value {
             {"source": "src.example", "target": "MIRROR/cache"},
         ],
         "verifiers": [{"module": "*/verify-image-signatures:*"}],
+        // Verification at the mirror, as in `signing_settings`.
+        "verifySource": false,
     })
 }
 
