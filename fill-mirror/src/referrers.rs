@@ -20,6 +20,17 @@ const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The most pages of one referrers answer read: a registry that pages without end is not
+/// followed for ever.
+const MAX_PAGES: usize = 100;
+
+/// A registry's answer: its status, its body, and the next page its `Link` names.
+struct Answer {
+    status: u16,
+    body: Bytes,
+    next: Option<String>,
+}
+
 #[derive(Clone)]
 pub struct Referrers {
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
@@ -66,31 +77,43 @@ impl Referrers {
             host
         };
         let scheme = if self.insecure { "http" } else { "https" };
-        let url = format!("{scheme}://{host}/v2/{path}/referrers/{digest}");
-        let (status, challenge, body) = self.get(&url, None).await?;
-        let (status, body) = match (status, challenge) {
-            (401, Some(challenge)) => {
-                let token = self.token(&challenge).await?;
-                let (status, _, body) = self.get(&url, Some(&token)).await?;
-                (status, body)
+        let origin = format!("{scheme}://{host}");
+        let mut url = format!("{origin}/v2/{path}/referrers/{digest}");
+        let mut token = None;
+        let mut listed = Vec::new();
+        // A registry may page the answer: each page names the next in `Link` (`rel="next"`).
+        for _ in 0..MAX_PAGES {
+            let (mut answer, challenge) = self.get(&url, token.as_deref()).await?;
+            if let (401, Some(challenge), None) = (answer.status, challenge, &token) {
+                let fresh = self.token(&challenge).await?;
+                answer = self.get(&url, Some(&fresh)).await?.0;
+                token = Some(fresh);
             }
-            (status, _) => (status, body),
-        };
-        match status {
-            200 => index_digests(&body)
-                .map(Some)
-                .ok_or_else(|| format!("GET {url}: 200 without an image index")),
-            404 => Ok(None),
-            status => Err(format!("GET {url}: {status}")),
+            match answer.status {
+                200 => listed.extend(
+                    index_digests(&answer.body)
+                        .ok_or_else(|| format!("GET {url}: 200 without an image index"))?,
+                ),
+                404 if listed.is_empty() => return Ok(None),
+                status => return Err(format!("GET {url}: {status}")),
+            }
+            match answer.next {
+                Some(next) if next.starts_with('/') => url = format!("{origin}{next}"),
+                Some(next) => url = next,
+                None => return Ok(Some(listed)),
+            }
         }
+        Err(format!(
+            "GET {url}: more than {MAX_PAGES} pages of referrers"
+        ))
     }
 
-    /// One GET: the status, a Bearer challenge when one came, and the body.
+    /// One GET: the answer, and a Bearer challenge when one came.
     async fn get(
         &self,
         url: &str,
         token: Option<&str>,
-    ) -> Result<(u16, Option<String>, Bytes), String> {
+    ) -> Result<(Answer, Option<String>), String> {
         let mut request = http::Request::get(url).header(http::header::ACCEPT, INDEX);
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
@@ -111,13 +134,19 @@ impl Referrers {
                 .and_then(|value| value.to_str().ok())
                 .filter(|value| value.starts_with("Bearer "))
                 .map(str::to_string);
+            let next = response
+                .headers()
+                .get_all(http::header::LINK)
+                .iter()
+                .filter_map(|value| value.to_str().ok())
+                .find_map(next_link);
             let body = response
                 .into_body()
                 .collect()
                 .await
                 .map_err(|error| format!("GET {url}: {error}"))?
                 .to_bytes();
-            Ok((status, challenge, body))
+            Ok((Answer { status, body, next }, challenge))
         };
         tokio::time::timeout(TIMEOUT, exchange)
             .await
@@ -143,12 +172,12 @@ impl Referrers {
         } else {
             format!("{realm}?{}", query.join("&"))
         };
-        let (status, _, body) = self.get(&url, None).await?;
-        if status != 200 {
-            return Err(format!("GET {url}: {status} (no anonymous token)"));
+        let (answer, _) = self.get(&url, None).await?;
+        if answer.status != 200 {
+            return Err(format!("GET {url}: {} (no anonymous token)", answer.status));
         }
         let answer: Value =
-            serde_json::from_slice(&body).map_err(|error| format!("GET {url}: {error}"))?;
+            serde_json::from_slice(&answer.body).map_err(|error| format!("GET {url}: {error}"))?;
         answer
             .get("token")
             .or_else(|| answer.get("access_token"))
@@ -156,6 +185,17 @@ impl Referrers {
             .map(str::to_string)
             .ok_or_else(|| format!("GET {url}: no token in the answer"))
     }
+}
+
+/// The target of a `Link: <…>; rel="next"` value (RFC 8288), as distribution-spec pages with.
+fn next_link(value: &str) -> Option<String> {
+    value.split(',').find_map(|link| {
+        let (target, params) = link.trim().strip_prefix('<')?.split_once('>')?;
+        params
+            .split(';')
+            .any(|p| p.trim().replace(' ', "") == "rel=\"next\"")
+            .then(|| target.to_string())
+    })
 }
 
 /// The digests an image index lists, when `body` is one.

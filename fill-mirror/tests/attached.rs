@@ -126,11 +126,11 @@ fn a_signature_tag_follows_its_source_and_the_image_tag_stays() {
     assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(digest));
 }
 
-/// The source serves the referrers API (the rig's front, over Debian's registry): its
-/// referrer, untagged, is copied by digest, and the mirror, serving the API too, lists it by
-/// its `subject`.
+/// The source serves the referrers API (the rig's front, over Debian's registry, one referrer
+/// per page): its referrers, untagged, are copied by digest, every page of them, and the
+/// mirror, serving the API too, lists them by their `subject`.
 #[test]
-fn a_referrer_the_source_serves_by_the_api_is_copied_and_listed_at_the_mirror() {
+fn referrers_the_source_serves_by_the_api_are_copied_and_listed_at_the_mirror() {
     let source = TestRegistry::start("att-api-src").expect("source registry");
     let mirror = TestRegistry::start("att-api-mirror").expect("mirror registry");
     let source_front = ReferrersFront::start(&source).expect("source front");
@@ -145,11 +145,21 @@ fn a_referrer_the_source_serves_by_the_api_is_copied_and_listed_at_the_mirror() 
         "sbom of web",
         (&web.manifest, OCI_MANIFEST),
     );
+    let provenance = push_referrer(
+        &source,
+        "app/web",
+        "application/vnd.in-toto+json",
+        "provenance of web",
+        (&web.manifest, OCI_MANIFEST),
+    );
+    let mut both = vec![sbom.clone(), provenance.clone()];
+    both.sort();
     assert_eq!(
         source_front
             .referrers("app/web", &digest)
             .expect("source lists"),
-        std::slice::from_ref(&sbom)
+        both,
+        "one page each"
     );
     let image = format!("{}/app/web:1", far.host);
 
@@ -161,16 +171,18 @@ fn a_referrer_the_source_serves_by_the_api_is_copied_and_listed_at_the_mirror() 
 
     succeeded(&output);
     assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(digest.clone()));
-    assert_eq!(
-        mirror.digest_of("hub/app/web", &sbom),
-        Some(sbom.clone()),
-        "copied by digest"
-    );
+    for referrer in &both {
+        assert_eq!(
+            mirror.digest_of("hub/app/web", referrer),
+            Some(referrer.clone()),
+            "copied by digest"
+        );
+    }
     assert_eq!(
         mirror_front
             .referrers("hub/app/web", &digest)
             .expect("mirror lists"),
-        [sbom]
+        both
     );
 }
 

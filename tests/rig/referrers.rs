@@ -4,8 +4,9 @@
 //! a front on loopback answers `GET /v2/<name>/referrers/<digest>` itself, as distribution-spec
 //! v1.1 "Listing Referrers" says: an image index of every manifest of the repository whose
 //! `subject` is that digest, read from the registry's own storage (so a manifest pushed by any
-//! client, through the front or not, is listed, as distribution 3 lists it), and relays every
-//! other request to the registry byte for byte.
+//! client, through the front or not, is listed, as distribution 3 lists it), one referrer per
+//! page with a `Link` to the next, and relays every other request to the registry byte for
+//! byte.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -52,24 +53,30 @@ impl ReferrersFront {
         Ok(ReferrersFront { host, stop })
     }
 
-    /// The digests the front lists as referrers of `digest` in `repository`, as a client of
-    /// the API reads them.
+    /// The digests the front lists as referrers of `digest` in `repository`, every page, as
+    /// a client of the API reads them.
     pub fn referrers(&self, repository: &str, digest: &str) -> anyhow::Result<Vec<String>> {
-        let body = ureq::get(&format!(
-            "http://{}/v2/{repository}/referrers/{digest}",
-            self.host
-        ))
-        .call()?
-        .into_string()?;
-        let index: Value = serde_json::from_str(&body)?;
-        Ok(index["manifests"]
-            .as_array()
-            .map(|m| {
-                m.iter()
-                    .filter_map(|d| d["digest"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default())
+        let mut listed = Vec::new();
+        let mut path = format!("/v2/{repository}/referrers/{digest}");
+        loop {
+            let answer = ureq::get(&format!("http://{}{path}", self.host)).call()?;
+            let next = answer
+                .header("Link")
+                .and_then(|link| link.strip_prefix('<')?.split_once('>'))
+                .map(|(next, _)| next.to_string());
+            let index: Value = serde_json::from_str(&answer.into_string()?)?;
+            listed.extend(
+                index["manifests"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| d["digest"].as_str().map(str::to_string)),
+            );
+            match next {
+                Some(next) => path = next,
+                None => return Ok(listed),
+            }
+        }
     }
 }
 
@@ -115,10 +122,34 @@ fn serve(mut client: TcpStream, upstream: &str, storage: &Path) -> std::io::Resu
             .strip_prefix("/v2/")
             .and_then(|p| p.rsplit_once("/referrers/"))
     {
-        let body = index(storage, name, digest).to_string();
+        // One referrer per answer, the next page named by `Link` (distribution-spec v1.1:
+        // a registry may page the answer), so that a client that reads one page is seen.
+        let mut index = index(storage, name, digest);
+        let after = target
+            .split_once("?last=")
+            .map(|(_, last)| last.to_string());
+        let mut listed: Vec<Value> = index["manifests"].as_array().cloned().unwrap_or_default();
+        listed.sort_by_key(|d| d["digest"].as_str().unwrap_or_default().to_string());
+        let page: Vec<Value> = listed
+            .into_iter()
+            .filter(|d| {
+                after
+                    .as_deref()
+                    .is_none_or(|last| d["digest"].as_str() > Some(last))
+            })
+            .collect();
+        let link = match page.get(1) {
+            Some(_) => format!(
+                "Link: </v2/{name}/referrers/{digest}?last={}>; rel=\"next\"\r\n",
+                page[0]["digest"].as_str().unwrap_or_default()
+            ),
+            None => String::new(),
+        };
+        index["manifests"] = Value::Array(page.into_iter().take(1).collect());
+        let body = index.to_string();
         write!(
             client,
-            "HTTP/1.1 200 OK\r\nContent-Type: {OCI_INDEX}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\nContent-Type: {OCI_INDEX}\r\nContent-Length: {}\r\n{link}Connection: close\r\n\r\n{body}",
             body.len()
         )?;
         return Ok(());
