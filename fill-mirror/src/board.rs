@@ -20,6 +20,9 @@ pub enum Outcome {
     Throttled(String, Option<Duration>),
     /// Anything else: the words.
     Failed(String),
+    /// Not copied on purpose, for good (a signature of a digest the source's tag no longer
+    /// names): why, naming both digests.
+    Refused(String),
 }
 
 impl Outcome {
@@ -30,6 +33,7 @@ impl Outcome {
             Outcome::Present => "present",
             Outcome::Gone(_) => "gone",
             Outcome::Throttled(..) | Outcome::Failed(_) => "failed",
+            Outcome::Refused(_) => "refused",
         }
     }
 }
@@ -40,6 +44,7 @@ pub enum Status {
     Running,
     /// The mirror holds it since then.
     Done(SystemTime),
+    /// The source has none, or the copy was refused: not tried again until asked again.
     Gone,
     /// Failed, and not tried again (the one-shot run).
     Failed,
@@ -48,6 +53,9 @@ pub enum Status {
 #[derive(Clone, Debug)]
 pub struct CopyItem {
     pub copy: Copy,
+    /// For the copy of a signature a record names: the image it signs, as the source names it
+    /// (by tag, or pinned), so that the copy can be refused when that tag has moved on.
+    pub signs: Option<String>,
     pub status: Status,
     /// When the first Pod that asks for it was recorded: the start of `time_to_mirror`.
     pub asked: SystemTime,
@@ -141,11 +149,13 @@ impl Board {
     /// found the mirror without it after the copy, so the mirror lost it since.
     pub fn pod_seen(&mut self, pod: &str, record: FillRecord, created: Option<SystemTime>) {
         let now = SystemTime::now();
-        for copy in record
-            .entries
-            .iter()
-            .flat_map(|e| std::iter::once(&e.copy).chain(e.signature.as_ref()))
-        {
+        for (copy, signs) in record.entries.iter().flat_map(|e| {
+            std::iter::once((&e.copy, None)).chain(
+                e.signature
+                    .as_ref()
+                    .map(|s| (s, Some(e.copy.source.clone()))),
+            )
+        }) {
             let asked = created.unwrap_or(now).min(now);
             match self.copies.get_mut(&copy.destination) {
                 None => {
@@ -153,6 +163,7 @@ impl Board {
                         copy.destination.clone(),
                         CopyItem {
                             copy: copy.clone(),
+                            signs,
                             status: Status::Queued,
                             asked,
                             not_before: None,
@@ -196,6 +207,7 @@ impl Board {
                 .entry(copy.destination.clone())
                 .or_insert_with(|| CopyItem {
                     copy: copy.clone(),
+                    signs: None,
                     status: Status::Queued,
                     asked: now,
                     not_before: None,
@@ -319,7 +331,7 @@ impl Board {
                 self.hosts.remove(copy.source_host());
                 None
             }
-            Outcome::Gone(_) => {
+            Outcome::Gone(_) | Outcome::Refused(_) => {
                 item.status = Status::Gone;
                 None
             }

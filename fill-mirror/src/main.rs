@@ -6,9 +6,11 @@
 //! person: one pass, exit 0 when every copy was made or is there or its source is gone, 1 when
 //! one failed, 2 when the run could not run), `list` (prints the copies, copies nothing).
 
+mod attached;
 mod board;
 mod leader;
 mod metrics;
+mod referrers;
 mod runner;
 mod skopeo;
 mod source;
@@ -143,6 +145,10 @@ impl Copying {
             insecure: self.insecure,
             timeout: Duration::from_secs(self.copy_timeout),
         }
+    }
+
+    fn referrers(&self) -> anyhow::Result<referrers::Referrers> {
+        referrers::Referrers::new(self.insecure)
     }
 }
 
@@ -347,6 +353,7 @@ async fn copy_once(
         metrics,
         health: Arc::new(Health::default()),
         engine: copying.engine(),
+        referrers: copying.referrers()?,
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),
         client,
@@ -357,8 +364,13 @@ async fn copy_once(
     runner.run_until_idle().await;
     let t = &runner.totals;
     println!(
-        "fill-mirror: {} copied, {} failed, {} skipped, {} gone, {refused} refused, {} marked",
-        t.copied, t.failed, t.present, t.gone, t.marked
+        "fill-mirror: {} copied, {} failed, {} skipped, {} gone, {} refused, {} marked",
+        t.copied,
+        t.failed,
+        t.present,
+        t.gone,
+        refused + t.refused,
+        t.marked
     );
     Ok(if t.failed > 0 { 1 } else { 0 })
 }
@@ -429,6 +441,7 @@ async fn watch(
         metrics,
         health,
         engine: copying.engine(),
+        referrers: copying.referrers()?,
         jobs: copying.jobs.max(1),
         wake,
         client: Some(client),

@@ -14,8 +14,10 @@ use kube::api::{Patch, PatchParams};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use crate::attached::{self, Carried};
 use crate::board::{Board, Mark, MarkResult, Outcome};
 use crate::metrics::{Health, Metrics, RegistryLabel};
+use crate::referrers::Referrers;
 use crate::skopeo::Skopeo;
 
 /// How many marking patches go to the API server at once.
@@ -29,6 +31,8 @@ pub struct Totals {
     pub present: usize,
     pub gone: usize,
     pub marked: usize,
+    /// Not copied on purpose (a signature of a digest the source's tag no longer names).
+    pub refused: usize,
 }
 
 pub struct Runner {
@@ -36,6 +40,8 @@ pub struct Runner {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub engine: Skopeo,
+    /// For what travels with an image (`attached.rs`).
+    pub referrers: Referrers,
     pub jobs: usize,
     /// Rung when the board gains work.
     pub wake: Arc<Notify>,
@@ -55,7 +61,11 @@ pub fn lock(board: &Mutex<Board>) -> MutexGuard<'_, Board> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-type Finished = (Copy, Outcome, Duration);
+/// A job that ended: a copy (the board's), or what travelled with one.
+enum Finished {
+    Copy(Copy, Outcome, Duration),
+    Carried(Copy, Vec<Carried>),
+}
 
 impl Runner {
     /// Runs until the board is idle and every mark it allows is sent (the one-shot run).
@@ -78,7 +88,7 @@ impl Runner {
                 continue;
             }
             if let Some(Ok(done)) = running.join_next().await {
-                self.finished(done);
+                self.finished(done, &mut running);
             }
             self.mark().await;
         }
@@ -115,10 +125,10 @@ impl Runner {
             tokio::select! {
                 Some(joined) = running.join_next(), if !running.is_empty() => {
                     if let Ok(done) = joined {
-                        self.finished(done);
+                        self.finished(done, &mut running);
                     }
                     while let Some(Ok(done)) = running.try_join_next() {
-                        self.finished(done);
+                        self.finished(done, &mut running);
                     }
                 }
                 () = self.wake.notified() => {}
@@ -132,18 +142,36 @@ impl Runner {
 
     fn start(&mut self, running: &mut JoinSet<Finished>) {
         let room = self.jobs.saturating_sub(running.len());
-        let started = lock(&self.board).start(Instant::now(), room);
-        for copy in started {
+        let mut board = lock(&self.board);
+        let started = board.start(Instant::now(), room);
+        let started: Vec<(Copy, Option<String>)> = started
+            .into_iter()
+            .map(|copy| {
+                let signs = board
+                    .item(&copy.destination)
+                    .and_then(|item| item.signs.clone());
+                (copy, signs)
+            })
+            .collect();
+        drop(board);
+        for (copy, signs) in started {
             let engine = self.engine.clone();
             running.spawn(async move {
                 let began = Instant::now();
-                let outcome = engine.copy(&copy).await;
-                (copy, outcome, began.elapsed())
+                let outcome = match &signs {
+                    Some(signs) => attached::copy_signature(&engine, &copy, signs).await,
+                    None => engine.copy(&copy).await,
+                };
+                Finished::Copy(copy, outcome, began.elapsed())
             });
         }
     }
 
-    fn finished(&mut self, (copy, outcome, took): Finished) {
+    fn finished(&mut self, done: Finished, running: &mut JoinSet<Finished>) {
+        let (copy, outcome, took) = match done {
+            Finished::Copy(copy, outcome, took) => (copy, outcome, took),
+            Finished::Carried(copy, carried) => return self.carried(&copy, carried),
+        };
         let waits = lock(&self.board).finished(&copy, &outcome, Instant::now());
         self.metrics.counted(outcome.label());
         self.metrics.copy_duration.observe(took.as_secs_f64());
@@ -157,11 +185,29 @@ impl Runner {
                     self.totals.present += 1;
                     tracing::info!(%destination, "the mirror holds it already, not copied over");
                 }
-                if let Some(item) = lock(&self.board).item(destination)
+                let board = lock(&self.board);
+                let item = board.item(destination);
+                if let Some(item) = item
                     && let Ok(waited) = SystemTime::now().duration_since(item.asked)
                 {
                     self.metrics.time_to_mirror.observe(waited.as_secs_f64());
                 }
+                let image = item.is_some_and(|item| item.signs.is_none());
+                drop(board);
+                // What travels with the image, as a job of its own after the image's (so the
+                // record's mark does not wait for it), in the same `--jobs` room.
+                if image {
+                    let (engine, referrers, copy) =
+                        (self.engine.clone(), self.referrers.clone(), copy.clone());
+                    running.spawn(async move {
+                        let carried = attached::carry(&engine, &referrers, &copy).await;
+                        Finished::Carried(copy, carried)
+                    });
+                }
+            }
+            Outcome::Refused(reason) => {
+                self.totals.refused += 1;
+                tracing::warn!(%source, %destination, %reason, "refused: not copied");
             }
             Outcome::Gone(words) => {
                 self.totals.gone += 1;
@@ -180,6 +226,37 @@ impl Runner {
             Outcome::Failed(words) => {
                 self.totals.failed += 1;
                 tracing::warn!(%source, %destination, error = %words, again_in_seconds = waits.map(|d| d.as_secs()), "copy failed");
+            }
+        }
+    }
+
+    /// Counts and logs what travelled with `image`, each as a copy of its own.
+    fn carried(&mut self, image: &Copy, carried: Vec<Carried>) {
+        let source = &image.source;
+        for Carried {
+            destination,
+            outcome,
+        } in carried
+        {
+            self.metrics.counted(outcome.label());
+            match &outcome {
+                Outcome::Copied => {
+                    self.totals.copied += 1;
+                    tracing::info!(%source, %destination, "copied with the image");
+                }
+                Outcome::Present => self.totals.present += 1,
+                Outcome::Gone(words) => {
+                    self.totals.gone += 1;
+                    tracing::warn!(%source, %destination, answer = %words, "gone at the source before it was copied with the image");
+                }
+                Outcome::Refused(reason) => {
+                    self.totals.refused += 1;
+                    tracing::warn!(%source, %destination, %reason, "refused: not copied with the image");
+                }
+                Outcome::Throttled(words, _) | Outcome::Failed(words) => {
+                    self.totals.failed += 1;
+                    tracing::warn!(%source, %destination, error = %words, "not copied with the image; again when the image is asked for again");
+                }
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The copy engine: skopeo as a subprocess, as a person would run the policy's copy
 //! (`skopeo copy --all --preserve-digests`: every digest of a multi-platform index kept). A
 //! destination that exists is never copied over: only a registry's "does not exist" lets a copy
-//! run, since anything else could be a tag that exists, which a copy would move.
+//! run, since anything else could be a tag that exists, which a copy would move. A signature
+//! tag is the exception (`attached.rs`): it follows its source.
 
 use std::time::Duration;
 
@@ -83,7 +84,8 @@ enum Presence {
 }
 
 impl Skopeo {
-    async fn run(&self, args: &[String]) -> Result<(), String> {
+    /// skopeo's standard output when it succeeds, its standard error when not.
+    async fn run(&self, args: &[String]) -> Result<Vec<u8>, String> {
         let mut command = Command::new(&self.binary);
         command.args(args).kill_on_drop(true);
         let output = match tokio::time::timeout(self.timeout, command.output()).await {
@@ -92,22 +94,57 @@ impl Skopeo {
             Ok(Ok(output)) => output,
         };
         if output.status.success() {
-            Ok(())
+            Ok(output.stdout)
         } else {
             Err(String::from_utf8_lossy(&output.stderr).into_owned())
         }
     }
 
     async fn inspect(&self, image: &str) -> Presence {
+        match self.manifest(image).await {
+            Ok(Some(_)) => Presence::Exists,
+            Ok(None) => Presence::Absent,
+            Err(words) => Presence::Unknown(words),
+        }
+    }
+
+    /// The manifest `image` names, exactly as the registry serves it (its digest is the
+    /// sha256 of these bytes); `None` when the registry says there is none; the words when it
+    /// cannot tell.
+    pub async fn manifest(&self, image: &str) -> Result<Option<Vec<u8>>, String> {
         let mut args = vec!["inspect".to_string(), "--raw".to_string()];
         if self.insecure {
             args.push("--tls-verify=false".to_string());
         }
         args.push(format!("docker://{image}"));
         match self.run(&args).await {
-            Ok(()) => Presence::Exists,
-            Err(words) if absent(&words) => Presence::Absent,
-            Err(words) => Presence::Unknown(words),
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(words) if absent(&words) => Ok(None),
+            Err(words) => Err(last_line(&words)),
+        }
+    }
+
+    /// Copies `source` to `destination` whatever the destination holds: for what follows its
+    /// source (a signature tag) or cannot differ (a reference by digest).
+    pub async fn copy_over(&self, source: &str, destination: &str) -> Outcome {
+        let mut args = vec![
+            "copy".to_string(),
+            "--all".to_string(),
+            "--preserve-digests".to_string(),
+        ];
+        if self.insecure {
+            args.push("--src-tls-verify=false".to_string());
+            args.push("--dest-tls-verify=false".to_string());
+        }
+        args.push(format!("docker://{source}"));
+        args.push(format!("docker://{destination}"));
+        match self.run(&args).await {
+            Ok(_) => Outcome::Copied,
+            Err(words) if throttled(&words) => Outcome::Throttled(last_line(&words), None),
+            Err(words) => match self.inspect(source).await {
+                Presence::Absent => Outcome::Gone(last_line(&words)),
+                _ => Outcome::Failed(last_line(&words)),
+            },
         }
     }
 
@@ -124,25 +161,7 @@ impl Skopeo {
                 ));
             }
         }
-        let mut args = vec![
-            "copy".to_string(),
-            "--all".to_string(),
-            "--preserve-digests".to_string(),
-        ];
-        if self.insecure {
-            args.push("--src-tls-verify=false".to_string());
-            args.push("--dest-tls-verify=false".to_string());
-        }
-        args.push(format!("docker://{}", copy.source));
-        args.push(format!("docker://{}", copy.destination));
-        match self.run(&args).await {
-            Ok(()) => Outcome::Copied,
-            Err(words) if throttled(&words) => Outcome::Throttled(last_line(&words), None),
-            Err(words) => match self.inspect(&copy.source).await {
-                Presence::Absent => Outcome::Gone(last_line(&words)),
-                _ => Outcome::Failed(last_line(&words)),
-            },
-        }
+        self.copy_over(&copy.source, &copy.destination).await
     }
 }
 

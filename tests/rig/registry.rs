@@ -206,6 +206,12 @@ impl TestRegistry {
         Ok(twin)
     }
 
+    /// Its storage folder (distribution's `filesystem` driver), for a front that reads what it
+    /// holds (`referrers.rs`).
+    pub fn storage(&self) -> &std::path::Path {
+        &self.storage
+    }
+
     fn url(&self, repository: &str, kind: &str, reference: &str) -> String {
         format!("http://{}/v2/{repository}/{kind}/{reference}", self.host)
     }

@@ -8,6 +8,12 @@ pub mod registry;
 #[path = "../../../tests/rig/images.rs"]
 pub mod images;
 
+#[path = "../../../tests/rig/proxy.rs"]
+pub mod proxy;
+
+#[path = "../../../tests/rig/referrers.rs"]
+pub mod referrers;
+
 pub mod plane;
 
 use std::path::Path;

@@ -1,0 +1,272 @@
+//! The OCI 1.1 referrers API (`GET /v2/<name>/referrers/<digest>`, distribution-spec v1.1
+//! "Listing Referrers"): the one registry request skopeo cannot make, so it is made here, over
+//! the same TLS stack as the rest of the binary (rustls with ring). A registry that does not
+//! serve it answers 404; then the tag schema (`sha256-<hex>`) is read instead (`attached.rs`).
+//! Anonymous, as skopeo's pull of a public image is: a registry that asks for a token
+//! (`WWW-Authenticate: Bearer realm=…`) gets one from its realm without credentials.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// What the index's `Accept` asks for: the referrers API answers with an OCI image index.
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+
+/// How long one request may take.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most pages of one referrers answer read: a registry that pages without end is not
+/// followed for ever.
+const MAX_PAGES: usize = 100;
+
+/// A registry's answer: its status, its body, and the next page its `Link` names.
+struct Answer {
+    status: u16,
+    body: Bytes,
+    next: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct Referrers {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    /// Plain HTTP (`--insecure`, as skopeo's `--tls-verify=false` falls back to it).
+    insecure: bool,
+}
+
+impl std::fmt::Debug for Referrers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Referrers")
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+impl Referrers {
+    pub fn new(insecure: bool) -> anyhow::Result<Referrers> {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(rustls::crypto::ring::default_provider())
+            .map_err(|error| anyhow::anyhow!("the system's root certificates: {error}"))?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(Referrers {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            insecure,
+        })
+    }
+
+    /// The digests of the manifests that name `digest` as their `subject` in `repository`
+    /// (`host/path`): `None` when the registry does not serve the referrers API (404).
+    pub async fn list(
+        &self,
+        repository: &str,
+        digest: &str,
+    ) -> Result<Option<Vec<String>>, String> {
+        let (host, path) = repository
+            .split_once('/')
+            .ok_or_else(|| format!("{repository:?} names no registry host"))?;
+        // Docker Hub's API host, as containers/image names it.
+        let host = if host == "docker.io" {
+            "registry-1.docker.io"
+        } else {
+            host
+        };
+        let scheme = if self.insecure { "http" } else { "https" };
+        let origin = format!("{scheme}://{host}");
+        let mut url = format!("{origin}/v2/{path}/referrers/{digest}");
+        let mut token = None;
+        let mut listed = Vec::new();
+        // A registry may page the answer: each page names the next in `Link` (`rel="next"`).
+        for _ in 0..MAX_PAGES {
+            let (mut answer, challenge) = self.get(&url, token.as_deref()).await?;
+            if let (401, Some(challenge), None) = (answer.status, challenge, &token) {
+                let fresh = self.token(&challenge).await?;
+                answer = self.get(&url, Some(&fresh)).await?.0;
+                token = Some(fresh);
+            }
+            match answer.status {
+                200 => listed.extend(
+                    index_digests(&answer.body)
+                        .ok_or_else(|| format!("GET {url}: 200 without an image index"))?,
+                ),
+                404 if listed.is_empty() => return Ok(None),
+                status => return Err(format!("GET {url}: {status}")),
+            }
+            match answer.next {
+                Some(next) if next.starts_with('/') => url = format!("{origin}{next}"),
+                Some(next) => url = next,
+                None => return Ok(Some(listed)),
+            }
+        }
+        Err(format!(
+            "GET {url}: more than {MAX_PAGES} pages of referrers"
+        ))
+    }
+
+    /// One GET: the answer, and a Bearer challenge when one came.
+    async fn get(
+        &self,
+        url: &str,
+        token: Option<&str>,
+    ) -> Result<(Answer, Option<String>), String> {
+        let mut request = http::Request::get(url).header(http::header::ACCEPT, INDEX);
+        if let Some(token) = token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
+            .body(Empty::new())
+            .map_err(|error| format!("GET {url}: {error}"))?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|error| format!("GET {url}: {error}"))?;
+            let status = response.status().as_u16();
+            let challenge = response
+                .headers()
+                .get(http::header::WWW_AUTHENTICATE)
+                .and_then(|value| value.to_str().ok())
+                .filter(|value| value.starts_with("Bearer "))
+                .map(str::to_string);
+            let next = response
+                .headers()
+                .get_all(http::header::LINK)
+                .iter()
+                .filter_map(|value| value.to_str().ok())
+                .find_map(next_link);
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|error| format!("GET {url}: {error}"))?
+                .to_bytes();
+            Ok((Answer { status, body, next }, challenge))
+        };
+        tokio::time::timeout(TIMEOUT, exchange)
+            .await
+            .map_err(|_| format!("GET {url}: no answer within {TIMEOUT:?}"))?
+    }
+
+    /// An anonymous token from a Bearer challenge's realm (the Docker registry token
+    /// protocol: `GET realm?service=…&scope=…`, answering `token` or `access_token`).
+    async fn token(&self, challenge: &str) -> Result<String, String> {
+        let fields = challenge_fields(challenge);
+        let realm = fields
+            .iter()
+            .find(|(k, _)| k == "realm")
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| format!("a Bearer challenge without a realm: {challenge}"))?;
+        let query: Vec<String> = fields
+            .iter()
+            .filter(|(k, _)| k == "service" || k == "scope")
+            .map(|(k, v)| format!("{k}={}", query_escape(v)))
+            .collect();
+        let url = if query.is_empty() {
+            realm
+        } else {
+            format!("{realm}?{}", query.join("&"))
+        };
+        let (answer, _) = self.get(&url, None).await?;
+        if answer.status != 200 {
+            return Err(format!("GET {url}: {} (no anonymous token)", answer.status));
+        }
+        let answer: Value =
+            serde_json::from_slice(&answer.body).map_err(|error| format!("GET {url}: {error}"))?;
+        answer
+            .get("token")
+            .or_else(|| answer.get("access_token"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| format!("GET {url}: no token in the answer"))
+    }
+}
+
+/// The target of a `Link: <…>; rel="next"` value (RFC 8288), as distribution-spec pages with.
+fn next_link(value: &str) -> Option<String> {
+    value.split(',').find_map(|link| {
+        let (target, params) = link.trim().strip_prefix('<')?.split_once('>')?;
+        params
+            .split(';')
+            .any(|p| p.trim().replace(' ', "") == "rel=\"next\"")
+            .then(|| target.to_string())
+    })
+}
+
+/// The digests an image index lists, when `body` is one.
+pub fn index_digests(body: &[u8]) -> Option<Vec<String>> {
+    let index: Value = serde_json::from_slice(body).ok()?;
+    let manifests = index.get("manifests")?.as_array()?;
+    Some(
+        manifests
+            .iter()
+            .filter_map(|m| m.get("digest")?.as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
+/// `key="value"` pairs of a `WWW-Authenticate: Bearer …` challenge.
+fn challenge_fields(challenge: &str) -> Vec<(String, String)> {
+    let mut fields = Vec::new();
+    let mut rest = challenge.trim_start_matches("Bearer ").trim();
+    while let Some((key, after)) = rest.split_once('=') {
+        let key = key.trim().trim_start_matches(',').trim().to_string();
+        let (value, after) = match after.strip_prefix('"') {
+            Some(quoted) => match quoted.split_once('"') {
+                Some((value, after)) => (value.to_string(), after),
+                None => (quoted.to_string(), ""),
+            },
+            None => match after.split_once(',') {
+                Some((value, after)) => (value.to_string(), after),
+                None => (after.to_string(), ""),
+            },
+        };
+        fields.push((key, value));
+        rest = after.trim_start_matches(',').trim();
+    }
+    fields
+}
+
+/// A query value with every byte outside RFC 3986's unreserved set percent-encoded.
+fn query_escape(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bearer_challenge_is_read_field_by_field() {
+        let fields = challenge_fields(
+            r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/nginx:pull""#,
+        );
+        assert_eq!(
+            fields,
+            [
+                ("realm", "https://auth.docker.io/token"),
+                ("service", "registry.docker.io"),
+                ("scope", "repository:library/nginx:pull"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+        assert_eq!(
+            query_escape("repository:library/nginx:pull"),
+            "repository%3Alibrary%2Fnginx%3Apull"
+        );
+    }
+}

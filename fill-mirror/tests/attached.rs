@@ -1,0 +1,314 @@
+//! What travels with an image, as `fill-mirror once` copies it (skopeo, Debian's
+//! `docker-registry` on loopback, the source 20 ms away through the rig's latency proxy): the
+//! cosign tags of every digest of an index, the referrers the source serves by the OCI 1.1
+//! referrers API or lists by the tag schema, a signature tag that follows its source, and no
+//! signature copied for a digest the source's tag no longer names (issue #47).
+
+mod rig;
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+use rig::images::{Artifact, Image, Index, OCI_INDEX, OCI_MANIFEST};
+use rig::proxy::LatencyProxy;
+use rig::referrers::{ReferrersFront, push_referrer};
+use rig::registry::TestRegistry;
+use rig::{policy, recorded_pod, run, settings, text, write_json};
+use serde_json::{Value, json};
+
+/// The source registry's round trip.
+const AWAY: Duration = Duration::from_millis(20);
+
+/// `sha256:<hex>` -> `sha256-<hex>.<suffix>`: cosign's tag for `digest`.
+fn cosign_tag(digest: &str, suffix: &str) -> String {
+    format!("{}.{suffix}", digest.replacen(':', "-", 1))
+}
+
+/// `fill-mirror once --insecure` over `pods`, with settings routing `source` to
+/// `mirror/hub`.
+fn once(source: &str, mirror: &str, pods: &[Value]) -> Output {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    write_json(&path("pods.json"), &json!({"items": pods}));
+    write_json(&path("settings.json"), &settings(source, mirror));
+    run(&[
+        "once",
+        "--insecure",
+        "--pods",
+        &path("pods.json").display().to_string(),
+        "--settings",
+        &path("settings.json").display().to_string(),
+    ])
+}
+
+/// A Pod of `image`, recorded by the policy's own writer as lacking it.
+fn pod(image: &str, source: &str, mirror: &str) -> Value {
+    recorded_pod("p", &[image], &[image], &policy(&settings(source, mirror)))
+}
+
+fn succeeded(output: &Output) -> String {
+    let both = format!("{}{}", text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{both}");
+    both
+}
+
+#[test]
+fn every_digest_of_an_index_brings_its_cosign_tags() {
+    let source = TestRegistry::start("att-tags-src").expect("source registry");
+    let mirror = TestRegistry::start("att-tags-mirror").expect("mirror registry");
+    let far = LatencyProxy::network(&source.host, AWAY).expect("latency proxy");
+    let index = Index::new(vec![
+        Image::new("web", "linux/amd64"),
+        Image::new("web", "linux/arm64"),
+    ]);
+    let digest = index.push(&source, "app/web", "1");
+    let amd64 = index.images[0].digest();
+    let tags = [
+        cosign_tag(&digest, "sig"),
+        cosign_tag(&digest, "att"),
+        cosign_tag(&digest, "sbom"),
+        cosign_tag(&amd64, "sig"),
+    ];
+    for tag in &tags {
+        Artifact::new(tag).push(&source, "app/web", tag);
+    }
+    let image = format!("{}/app/web:1", far.host);
+
+    let output = once(
+        &far.host,
+        &mirror.host,
+        &[pod(&image, &far.host, &mirror.host)],
+    );
+
+    succeeded(&output);
+    assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(digest.clone()));
+    for platform in &index.images {
+        assert_eq!(
+            mirror.digest_of("hub/app/web", &platform.digest()),
+            Some(platform.digest())
+        );
+    }
+    for tag in &tags {
+        let at_source = source.digest_of("app/web", tag);
+        assert!(at_source.is_some(), "the source has {tag}");
+        assert_eq!(mirror.digest_of("hub/app/web", tag), at_source, "{tag}");
+    }
+    let arm64_sig = cosign_tag(&index.images[1].digest(), "sig");
+    assert_eq!(mirror.digest_of("hub/app/web", &arm64_sig), None);
+}
+
+/// The mirror holds the image already (never copied over) and an older signature of its
+/// digest: the signature tag is copied over from the source, the image tag is not.
+#[test]
+fn a_signature_tag_follows_its_source_and_the_image_tag_stays() {
+    let source = TestRegistry::start("att-follow-src").expect("source registry");
+    let mirror = TestRegistry::start("att-follow-mirror").expect("mirror registry");
+    let far = LatencyProxy::network(&source.host, AWAY).expect("latency proxy");
+    let web = Image::new("web", "linux/amd64");
+    let digest = web.push(&source, "app/web", Some("1"));
+    web.push(&mirror, "hub/app/web", Some("1"));
+    let sig = cosign_tag(&digest, "sig");
+    let resigned = Artifact::new("signature after a key rotation").push(&source, "app/web", &sig);
+    let stale = Artifact::new("signature before it").push(&mirror, "hub/app/web", &sig);
+    assert_ne!(resigned, stale);
+    let image = format!("{}/app/web:1", far.host);
+
+    let output = once(
+        &far.host,
+        &mirror.host,
+        &[pod(&image, &far.host, &mirror.host)],
+    );
+
+    let words = succeeded(&output);
+    assert!(words.contains("1 copied, 0 failed, 1 skipped"), "{words}");
+    assert_eq!(mirror.digest_of("hub/app/web", &sig), Some(resigned));
+    assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(digest));
+}
+
+/// The source serves the referrers API (the rig's front, over Debian's registry, one referrer
+/// per page): its referrers, untagged, are copied by digest, every page of them, and the
+/// mirror, serving the API too, lists them by their `subject`.
+#[test]
+fn referrers_the_source_serves_by_the_api_are_copied_and_listed_at_the_mirror() {
+    let source = TestRegistry::start("att-api-src").expect("source registry");
+    let mirror = TestRegistry::start("att-api-mirror").expect("mirror registry");
+    let source_front = ReferrersFront::start(&source).expect("source front");
+    let mirror_front = ReferrersFront::start(&mirror).expect("mirror front");
+    let far = LatencyProxy::network(&source_front.host, AWAY).expect("latency proxy");
+    let web = Image::new("web", "linux/amd64");
+    let digest = web.push(&source, "app/web", Some("1"));
+    let sbom = push_referrer(
+        &source,
+        "app/web",
+        "application/spdx+json",
+        "sbom of web",
+        (&web.manifest, OCI_MANIFEST),
+    );
+    let provenance = push_referrer(
+        &source,
+        "app/web",
+        "application/vnd.in-toto+json",
+        "provenance of web",
+        (&web.manifest, OCI_MANIFEST),
+    );
+    let mut both = vec![sbom.clone(), provenance.clone()];
+    both.sort();
+    assert_eq!(
+        source_front
+            .referrers("app/web", &digest)
+            .expect("source lists"),
+        both,
+        "one page each"
+    );
+    let image = format!("{}/app/web:1", far.host);
+
+    let output = once(
+        &far.host,
+        &mirror_front.host,
+        &[pod(&image, &far.host, &mirror_front.host)],
+    );
+
+    succeeded(&output);
+    assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(digest.clone()));
+    for referrer in &both {
+        assert_eq!(
+            mirror.digest_of("hub/app/web", referrer),
+            Some(referrer.clone()),
+            "copied by digest"
+        );
+    }
+    assert_eq!(
+        mirror_front
+            .referrers("hub/app/web", &digest)
+            .expect("mirror lists"),
+        both
+    );
+}
+
+/// A source without the referrers API (Debian's registry answers 404): the tag schema's
+/// index (`sha256-<hex>`) is read, and only the manifests whose `subject` is the image are
+/// copied; the mirror's `sha256-<hex>` tag, a pinned image's own tag there, is not written.
+#[test]
+fn a_referrer_listed_by_the_tag_schema_is_copied_and_nothing_else_it_lists() {
+    let source = TestRegistry::start("att-schema-src").expect("source registry");
+    let mirror = TestRegistry::start("att-schema-mirror").expect("mirror registry");
+    let far = LatencyProxy::network(&source.host, AWAY).expect("latency proxy");
+    let web = Image::new("web", "linux/amd64");
+    let digest = web.push(&source, "app/web", Some("1"));
+    let sbom = push_referrer(
+        &source,
+        "app/web",
+        "application/spdx+json",
+        "sbom of web",
+        (&web.manifest, OCI_MANIFEST),
+    );
+    let unrelated = Image::new("not a referrer", "linux/amd64");
+    let unrelated_digest = unrelated.push(&source, "app/web", None);
+    let schema_tag = digest.replacen(':', "-", 1);
+    let listing = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_INDEX,
+        "manifests": [
+            {"mediaType": OCI_MANIFEST, "digest": sbom, "size": 1, "artifactType": "application/spdx+json"},
+            {"mediaType": OCI_MANIFEST, "digest": unrelated_digest, "size": unrelated.manifest.len()},
+        ],
+    }))
+    .expect("index JSON");
+    source
+        .push_manifest("app/web", &schema_tag, OCI_INDEX, &listing)
+        .expect("push the tag schema's index");
+    let image = format!("{}/app/web:1", far.host);
+
+    let output = once(
+        &far.host,
+        &mirror.host,
+        &[pod(&image, &far.host, &mirror.host)],
+    );
+
+    succeeded(&output);
+    assert_eq!(mirror.digest_of("hub/app/web", &sbom), Some(sbom.clone()));
+    assert_eq!(mirror.digest_of("hub/app/web", &unrelated_digest), None);
+    assert_eq!(mirror.digest_of("hub/app/web", &schema_tag), None);
+}
+
+/// The record was written when the source's tag named D_old (its signature copy names
+/// D_old's `.sig`); the publisher has moved the tag to D_new since. D_old's signature is not
+/// copied (refused, naming both digests); the image copied is D_new, with its own signature.
+#[test]
+fn the_signature_of_a_digest_the_source_tag_no_longer_names_is_not_copied() {
+    let source = TestRegistry::start("att-moved-src").expect("source registry");
+    let mirror = TestRegistry::start("att-moved-mirror").expect("mirror registry");
+    let far = LatencyProxy::network(&source.host, AWAY).expect("latency proxy");
+    let old = Image::new("web build 1", "linux/amd64");
+    let old_digest = old.push(&source, "app/web", Some("1"));
+    let old_sig = cosign_tag(&old_digest, "sig");
+    Artifact::new("signature of build 1").push(&source, "app/web", &old_sig);
+    let image = format!("{}/app/web:1", far.host);
+    let mut recorded = pod(&image, &far.host, &mirror.host);
+    let annotation = "/metadata/annotations/image-swapper.kubewarden.io~1unmirrored-images";
+    let mut record: Value = serde_json::from_str(
+        recorded
+            .pointer(annotation)
+            .and_then(Value::as_str)
+            .expect("the policy wrote a record"),
+    )
+    .expect("record JSON");
+    record["c0"]["signatureCopy"] = json!(format!(
+        "skopeo copy --all --preserve-digests docker://{}/app/web:{old_sig} docker://{}/hub/app/web:{old_sig}",
+        far.host, mirror.host
+    ));
+    *recorded.pointer_mut(annotation).expect("annotation") = json!(record.to_string());
+    let new = Image::new("web build 2", "linux/amd64");
+    let new_digest = new.push(&source, "app/web", Some("1"));
+    let new_sig = cosign_tag(&new_digest, "sig");
+    Artifact::new("signature of build 2").push(&source, "app/web", &new_sig);
+
+    let output = once(&far.host, &mirror.host, &[recorded]);
+
+    let words = succeeded(&output);
+    assert_eq!(mirror.digest_of("hub/app/web", &old_sig), None, "{words}");
+    assert!(words.contains("1 refused"), "{words}");
+    assert!(
+        words.contains(&old_digest) && words.contains(&new_digest),
+        "the refusal names both digests: {words}"
+    );
+    assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(new_digest));
+    assert_eq!(
+        mirror.digest_of("hub/app/web", &new_sig),
+        source.digest_of("app/web", &new_sig)
+    );
+}
+
+/// The mirror's tag holds D_old (copied before the publisher moved the source's tag; never
+/// copied over): nothing signed for D_old is carried to it from the source.
+#[test]
+fn nothing_signed_is_carried_to_a_mirror_tag_the_source_has_moved_from() {
+    let source = TestRegistry::start("att-drift-src").expect("source registry");
+    let mirror = TestRegistry::start("att-drift-mirror").expect("mirror registry");
+    let far = LatencyProxy::network(&source.host, AWAY).expect("latency proxy");
+    let old = Image::new("web build 1", "linux/amd64");
+    let old_digest = old.push(&source, "app/web", Some("1"));
+    old.push(&mirror, "hub/app/web", Some("1"));
+    let old_sig = cosign_tag(&old_digest, "sig");
+    Artifact::new("signature of build 1").push(&source, "app/web", &old_sig);
+    let new_digest = Image::new("web build 2", "linux/amd64").push(&source, "app/web", Some("1"));
+    let image = format!("{}/app/web:1", far.host);
+
+    let output = once(
+        &far.host,
+        &mirror.host,
+        &[pod(&image, &far.host, &mirror.host)],
+    );
+
+    let words = succeeded(&output);
+    assert_eq!(
+        mirror.digest_of("hub/app/web", "1"),
+        Some(old_digest.clone())
+    );
+    assert_eq!(mirror.digest_of("hub/app/web", &old_sig), None, "{words}");
+    assert!(
+        words.contains("1 refused") && words.contains(&new_digest),
+        "{words}"
+    );
+}
