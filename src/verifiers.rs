@@ -379,9 +379,7 @@ mod tests {
             if let Some(why) = &self.can_i_fails {
                 return Err(why.clone());
             }
-            let allowed = !self
-                .denied
-                .contains(&(review.kind.name(), review.verb));
+            let allowed = !self.denied.contains(&(review.kind.name(), review.verb));
             Ok(Access {
                 allowed,
                 reason: String::new(),

@@ -187,13 +187,23 @@ fn identical_concurrent_misses_make_one_registry_call_on_1_38() {
             let record = response.unmirrored().unwrap_or_default();
             assert_eq!(
                 record["web"]["source"],
-                json!("docker.io/library/nope:1"),
+                json!("nope:1"),
                 "{}: {response:?}",
                 model.name()
             );
+            assert_eq!(
+                record["web"]["mirror"],
+                json!(format!("{}/hub/library/nope:1", proxy.host)),
+                "{}: {record}",
+                model.name()
+            );
             assert!(
-                record["web"]["copy"].as_str().is_some_and(|copy| copy
-                    .ends_with(&format!(" docker://{}/hub/library/nope:1", proxy.host))),
+                record["web"]["copy"]
+                    .as_str()
+                    .is_some_and(|copy| copy.ends_with(&format!(
+                        " docker://docker.io/library/nope:1 docker://{}/hub/library/nope:1",
+                        proxy.host
+                    ))),
                 "{}: {record}",
                 model.name()
             );

@@ -976,7 +976,8 @@ fn a_policy_server_that_may_not_list_or_watch_the_verifiers_is_found_out() {
             let mut settings = registries.settings();
             settings["verifiers"] = json!([{"module": "*/verify-image-signatures:*"}]);
             let unchecked = settings.clone();
-            settings["policyServerServiceAccount"] = json!(format!("kubewarden/{}", account(*grant)));
+            settings["policyServerServiceAccount"] =
+                json!(format!("kubewarden/{}", account(*grant)));
             let mut rejecting = settings.clone();
             rejecting["onLookupError"] = json!("reject");
             chain::policies_yml(
@@ -1013,7 +1014,10 @@ fn a_policy_server_that_may_not_list_or_watch_the_verifiers_is_found_out() {
             .collect()
     });
     for (grant, server) in grants.iter().zip(&servers) {
-        for (fallback, policy) in [("keep", "image-swapper"), ("reject", "image-swapper-reject")] {
+        for (fallback, policy) in [
+            ("keep", "image-swapper"),
+            ("reject", "image-swapper-reject"),
+        ] {
             let served = namespace(*grant, fallback);
             Webhook {
                 name: &format!("clusterwide-can-i-{}-{fallback}", grant.name()),
@@ -1032,7 +1036,11 @@ fn a_policy_server_that_may_not_list_or_watch_the_verifiers_is_found_out() {
     for fallback in ["keep", "reject"] {
         let admitted = apply(
             &plane,
-            &pod(&namespace(Grant::GetListWatch, fallback), "unsigned", &unsigned),
+            &pod(
+                &namespace(Grant::GetListWatch, fallback),
+                "unsigned",
+                &unsigned,
+            ),
         );
         assert_eq!(
             admitted.image(0),
@@ -1049,8 +1057,14 @@ fn a_policy_server_that_may_not_list_or_watch_the_verifiers_is_found_out() {
             "the PolicyServer's ServiceAccount kubewarden/{} may not {verb} ClusterAdmissionPolicy objects",
             account(grant)
         );
-        let kept = apply(&plane, &pod(&namespace(grant, "keep"), "unsigned", &unsigned));
-        println!("{grant:?}, onLookupError: keep: answered in {:?}", kept.took);
+        let kept = apply(
+            &plane,
+            &pod(&namespace(grant, "keep"), "unsigned", &unsigned),
+        );
+        println!(
+            "{grant:?}, onLookupError: keep: answered in {:?}",
+            kept.took
+        );
         assert_eq!(
             kept.image(0),
             unsigned,
@@ -1067,8 +1081,14 @@ fn a_policy_server_that_may_not_list_or_watch_the_verifiers_is_found_out() {
             "{grant:?}: answered after {:?}: the webhook's timeout, not the policy's answer",
             kept.took
         );
-        let refused = apply(&plane, &pod(&namespace(grant, "reject"), "unsigned", &unsigned));
-        println!("{grant:?}, onLookupError: reject: answered in {:?}", refused.took);
+        let refused = apply(
+            &plane,
+            &pod(&namespace(grant, "reject"), "unsigned", &unsigned),
+        );
+        println!(
+            "{grant:?}, onLookupError: reject: answered in {:?}",
+            refused.took
+        );
         let refusal = refused.refused.as_deref().unwrap_or_default();
         assert!(
             refusal.contains(&why),

@@ -497,10 +497,16 @@ fn the_check_role_reports_a_mirror_copy_without_the_sources_signature_under_a_ru
         ])
         .status()
         .expect("skopeo");
-    assert!(status.success(), "skopeo copied another manifest under {tag}");
+    assert!(
+        status.success(),
+        "skopeo copied another manifest under {tag}"
+    );
     let other = report();
     let message = other.message.clone().unwrap_or_default();
-    assert!(!other.accepted && other.code.is_none(), "a finding: {other:?}");
+    assert!(
+        !other.accepted && other.code.is_none(),
+        "a finding: {other:?}"
+    );
     assert!(
         message.contains(&format!(
             "its signature tag {tag} there is {}, not the source's {source_signature}",

@@ -208,7 +208,9 @@ impl CheckedImage {
                             check_drift(tagged, mirror, &verifications, registry)
                         }
                         _ => match check_at_source(source, mirror, &verifications, registry) {
-                            Presence::Present => check_mirror_signature(image, source, mirror, policy, registry),
+                            Presence::Present => {
+                                check_mirror_signature(image, source, mirror, policy, registry)
+                            }
                             other => other,
                         },
                     }

@@ -198,7 +198,9 @@ mod tests {
     #[test]
     fn a_can_i_answer_reads_allowed_and_the_reason() {
         assert_eq!(
-            read_access(&serde_json::json!({"allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding \"x\""})),
+            read_access(
+                &serde_json::json!({"allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding \"x\""})
+            ),
             Ok(Access {
                 allowed: true,
                 reason: "RBAC: allowed by ClusterRoleBinding \"x\"".to_string()

@@ -77,7 +77,9 @@ pub(super) fn check_outcome(
                 Presence::SignatureNotCopied { why, digest },
                 CheckedImage::SignedMirror { mirror, source, .. },
             ) => {
-                let source_name = source.split_once('@').map_or(source.as_str(), |(name, _)| name);
+                let source_name = source
+                    .split_once('@')
+                    .map_or(source.as_str(), |(name, _)| name);
                 unsigned_copies.push(format!(
                     "{container}: image {} verifies at its source, but a rule covers the mirror's name too and {why}; copy the source's signature ({}), so that a verifier after this policy admits it",
                     quote(image),

@@ -323,7 +323,12 @@ fn verifiers_the_policy_server_may_not_list_or_watch_are_unreadable() {
         Some(format!("m.io/hub/library/busybox:1@{DIGEST_A}").as_str()),
         "{granted:?}"
     );
-    let stale = run(&with_reader(""), create(), &mut registry, &mut Lacking("watch"));
+    let stale = run(
+        &with_reader(""),
+        create(),
+        &mut registry,
+        &mut Lacking("watch"),
+    );
     assert!(
         image_of(&stale).is_none_or(|image| image == "busybox:1"),
         "kept: {stale:?}"

@@ -244,10 +244,12 @@ fn policy_server_service_account(
             && part.ends_with(|c: char| c.is_ascii_alphanumeric())
     };
     match written.split_once('/') {
-        Some((namespace, name)) if name_like(namespace) && name_like(name) => Some(ServiceAccount {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        }),
+        Some((namespace, name)) if name_like(namespace) && name_like(name) => {
+            Some(ServiceAccount {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
+        }
         _ => {
             errors.push(format!("policyServerServiceAccount: {written:?} is not <namespace>/<name> of a ServiceAccount, e.g. \"kubewarden/policy-server\" (the service account of the PolicyServer that runs this policy)"));
             None
