@@ -45,6 +45,9 @@ pub struct Policy {
     /// Set for one admission when the verifiers could not be read: why. Every image bound for
     /// a mirror is then `onLookupError`'s case, since rules it could not read may cover it.
     pub verifiers_unreadable: Option<String>,
+    /// `policyServerServiceAccount`: asked, before the verifiers are read, whether it may list
+    /// and watch them; unset, the host's lists are trusted as they come.
+    pub verifiers_reader: Option<crate::verifiers::ServiceAccount>,
     /// `fillJobUsernames`: who may drop entries of the record of unmirrored images.
     pub fill_job_usernames: Vec<String>,
 }

@@ -43,6 +43,16 @@ impl PolicyKind {
         }
     }
 
+    /// The kind's resource, as RBAC rules and SubjectAccessReviews name it.
+    pub fn resource(self) -> &'static str {
+        match self {
+            PolicyKind::ClusterAdmissionPolicy => "clusteradmissionpolicies",
+            PolicyKind::ClusterAdmissionPolicyGroup => "clusteradmissionpolicygroups",
+            PolicyKind::AdmissionPolicy => "admissionpolicies",
+            PolicyKind::AdmissionPolicyGroup => "admissionpolicygroups",
+        }
+    }
+
     /// Read in the Pod's namespace (`list_resources_by_namespace`), not cluster-wide.
     pub fn is_namespaced(self) -> bool {
         matches!(
@@ -72,6 +82,10 @@ pub trait Cluster {
     /// The objects of `kind` (in `namespace` for a namespaced kind), as the host's list answer
     /// (`{"items": [...]}`); the host's words when it cannot answer.
     fn list(&mut self, kind: PolicyKind, namespace: Option<&str>) -> Result<Value, String>;
+
+    /// Whether `review.account` may `review.verb` the objects of `review.kind` (the host's
+    /// `can_i`: a SubjectAccessReview); the host's words when it cannot answer.
+    fn can_i(&mut self, review: &AccessReview<'_>) -> Result<Access, String>;
 }
 
 /// A cluster that is never asked: for callers without `verifiers`.
@@ -81,6 +95,133 @@ impl Cluster for NoCluster {
     fn list(&mut self, kind: PolicyKind, _namespace: Option<&str>) -> Result<Value, String> {
         Err(format!("no cluster to list {} objects from", kind.name()))
     }
+
+    fn can_i(&mut self, review: &AccessReview<'_>) -> Result<Access, String> {
+        Err(format!(
+            "no cluster to ask whether {} may {} {} objects",
+            review.account,
+            review.verb,
+            review.kind.name()
+        ))
+    }
+}
+
+/// The PolicyServer's ServiceAccount (`policyServerServiceAccount`): the identity the host
+/// lists the verifiers as, whose RBAC decides whether those lists answer and stay current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccount {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceAccount {
+    /// The username the API server gives its tokens.
+    pub fn username(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+
+    /// The groups the API server puts its tokens in: RBAC bindings to these count for it too.
+    pub fn groups(&self) -> Vec<String> {
+        vec![
+            "system:serviceaccounts".to_string(),
+            format!("system:serviceaccounts:{}", self.namespace),
+            "system:authenticated".to_string(),
+        ]
+    }
+}
+
+impl std::fmt::Display for ServiceAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One question to the host's `can_i`: may `account` `verb` the objects of `kind` (in
+/// `namespace` for a namespaced kind)?
+#[derive(Debug, Clone, Copy)]
+pub struct AccessReview<'a> {
+    pub account: &'a ServiceAccount,
+    pub verb: &'a str,
+    pub kind: PolicyKind,
+    pub namespace: Option<&'a str>,
+}
+
+/// The host's answer to an [`AccessReview`]: the SubjectAccessReview's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    pub allowed: bool,
+    /// The authorizer's reason or evaluation error, when it gave one.
+    pub reason: String,
+}
+
+/// The verbs the host's list of a kind needs from its ServiceAccount, and what it does without
+/// each (policy-evaluator 1.35 answers every list from a reflector: a list, then a watch).
+const READER_VERBS: [(&str, &str); 2] = [
+    (
+        "list",
+        "the host's list of them never returns, and every admission waits out the webhook's timeout",
+    ),
+    (
+        "watch",
+        "the host's list of them is never refreshed, so a verifier created or changed after its first list is never seen",
+    ),
+];
+
+/// The kinds an admission in `namespace` reads, each with the namespace it is read in (none for
+/// a cluster-wide kind); a request without a namespace has no namespaced verifier to read.
+fn kinds_read(namespace: &str) -> impl Iterator<Item = (PolicyKind, Option<&str>)> {
+    PolicyKind::ALL
+        .into_iter()
+        .filter_map(move |kind| match (kind.is_namespaced(), namespace) {
+            (false, _) => Some((kind, None)),
+            (true, "") => None,
+            (true, namespace) => Some((kind, Some(namespace))),
+        })
+}
+
+/// Whether the PolicyServer's ServiceAccount may `list` and `watch` every kind an admission in
+/// `namespace` reads, asked before any list: without `list` the host's list never returns, and
+/// without `watch` it answers once and then goes stale, silently. An error naming the verb, the
+/// kind (and namespace) and the ServiceAccount, and what the host does without that verb, when
+/// one is missing or the host cannot say: the caller then treats the verifiers as unreadable.
+pub fn reader_may_list(
+    account: &ServiceAccount,
+    namespace: &str,
+    cluster: &mut impl Cluster,
+) -> Result<(), String> {
+    for (kind, namespace) in kinds_read(namespace) {
+        let objects = format!(
+            "{} objects{}",
+            kind.name(),
+            namespace
+                .map(|ns| format!(" in namespace {ns:?}"))
+                .unwrap_or_default()
+        );
+        for (verb, without) in READER_VERBS {
+            let review = AccessReview {
+                account,
+                verb,
+                kind,
+                namespace,
+            };
+            let access = cluster.can_i(&review).map_err(|why| {
+                format!(
+                    "could not ask whether the PolicyServer's ServiceAccount {account} may {verb} {objects} ({why}); grant it create on subjectaccessreviews.authorization.k8s.io"
+                )
+            })?;
+            if !access.allowed {
+                let reason = match access.reason.as_str() {
+                    "" => String::new(),
+                    reason => format!(" ({reason})"),
+                };
+                return Err(format!(
+                    "the PolicyServer's ServiceAccount {account} may not {verb} {objects}{reason}: without {verb}, {without}; grant it get, list and watch on {} in policies.kubewarden.io",
+                    PolicyKind::ALL.map(PolicyKind::resource).join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What an admission read of the cluster's verifiers.
@@ -112,13 +253,7 @@ pub fn verifier_rules(
 ) -> Result<VerifierRead, String> {
     let mut read = VerifierRead::default();
     let mut matched = vec![false; verifiers.len()];
-    for kind in PolicyKind::ALL {
-        let namespace = match (kind.is_namespaced(), namespace) {
-            (false, _) => None,
-            // A request without a namespace has no namespaced verifier to read.
-            (true, "") => continue,
-            (true, namespace) => Some(namespace),
-        };
+    for (kind, namespace) in kinds_read(namespace) {
         let list = cluster.list(kind, namespace).map_err(|why| {
             format!(
                 "could not list {} objects{} ({why})",
@@ -216,6 +351,10 @@ mod tests {
     #[derive(Default)]
     struct Table {
         lists: BTreeMap<&'static str, Result<Value, String>>,
+        /// (kind, verb) the ServiceAccount is not granted.
+        denied: Vec<(&'static str, &'static str)>,
+        /// The host's words for every `can_i`, when it cannot answer.
+        can_i_fails: Option<String>,
         asked: Vec<String>,
     }
 
@@ -228,6 +367,88 @@ mod tests {
                 .cloned()
                 .unwrap_or_else(|| Ok(json!({"items": []})))
         }
+
+        fn can_i(&mut self, review: &AccessReview<'_>) -> Result<Access, String> {
+            self.asked.push(format!(
+                "may {} {} {} {}",
+                review.account.username(),
+                review.verb,
+                review.kind.resource(),
+                review.namespace.unwrap_or("*")
+            ));
+            if let Some(why) = &self.can_i_fails {
+                return Err(why.clone());
+            }
+            let allowed = !self.denied.contains(&(review.kind.name(), review.verb));
+            Ok(Access {
+                allowed,
+                reason: String::new(),
+            })
+        }
+    }
+
+    fn policy_server() -> ServiceAccount {
+        ServiceAccount {
+            namespace: "kubewarden".to_string(),
+            name: "policy-server".to_string(),
+        }
+    }
+
+    #[test]
+    fn the_reader_is_asked_list_and_watch_on_every_kind_read_before_any_list() {
+        let mut cluster = Table::default();
+        reader_may_list(&policy_server(), "team", &mut cluster).expect("granted");
+        let user = "system:serviceaccount:kubewarden:policy-server";
+        let expected: Vec<String> = [
+            ("clusteradmissionpolicies", "*"),
+            ("clusteradmissionpolicygroups", "*"),
+            ("admissionpolicies", "team"),
+            ("admissionpolicygroups", "team"),
+        ]
+        .iter()
+        .flat_map(|(resource, ns)| {
+            ["list", "watch"].map(|verb| format!("may {user} {verb} {resource} {ns}"))
+        })
+        .collect();
+        assert_eq!(cluster.asked, expected);
+        // Without a namespace, no namespaced kind is read, so none is asked about.
+        let mut cluster = Table::default();
+        reader_may_list(&policy_server(), "", &mut cluster).expect("granted");
+        assert_eq!(cluster.asked.len(), 4, "{:?}", cluster.asked);
+    }
+
+    #[rstest::rstest]
+    #[case::no_watch_on_a_namespaced_kind(
+        ("AdmissionPolicy", "watch"),
+        "the PolicyServer's ServiceAccount kubewarden/policy-server may not watch AdmissionPolicy objects in namespace \"team\": without watch, the host's list of them is never refreshed, so a verifier created or changed after its first list is never seen; grant it get, list and watch on clusteradmissionpolicies, clusteradmissionpolicygroups, admissionpolicies, admissionpolicygroups in policies.kubewarden.io"
+    )]
+    #[case::no_list_on_a_cluster_wide_kind(
+        ("ClusterAdmissionPolicyGroup", "list"),
+        "the PolicyServer's ServiceAccount kubewarden/policy-server may not list ClusterAdmissionPolicyGroup objects: without list, the host's list of them never returns, and every admission waits out the webhook's timeout; grant it"
+    )]
+    fn a_verb_not_granted_names_the_verb_the_kind_and_the_service_account(
+        #[case] denied: (&'static str, &'static str),
+        #[case] expected: &str,
+    ) {
+        let mut cluster = Table {
+            denied: vec![denied],
+            ..Table::default()
+        };
+        let error = reader_may_list(&policy_server(), "team", &mut cluster).expect_err("denied");
+        assert!(error.starts_with(expected), "{error}");
+    }
+
+    #[test]
+    fn a_can_i_the_host_cannot_answer_says_what_to_grant() {
+        let mut cluster = Table {
+            can_i_fails: Some("subjectaccessreviews.authorization.k8s.io is forbidden".to_string()),
+            ..Table::default()
+        };
+        let error = reader_may_list(&policy_server(), "team", &mut cluster).expect_err("failed");
+        assert_eq!(
+            error,
+            "could not ask whether the PolicyServer's ServiceAccount kubewarden/policy-server may list ClusterAdmissionPolicy objects (subjectaccessreviews.authorization.k8s.io is forbidden); grant it create on subjectaccessreviews.authorization.k8s.io"
+        );
     }
 
     fn verifier(name: &str, module: &str, image: &str) -> Value {

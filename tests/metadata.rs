@@ -106,6 +106,7 @@ fn host_capabilities_are_exactly_the_ones_the_code_calls() {
             "\"list_resources_by_namespace\"",
             "kubernetes/list_resources_by_namespace",
         ),
+        ("\"can_i\"", "kubernetes/can_i"),
     ]
     .iter()
     .filter(|(call, _)| host.contains(call))

@@ -180,6 +180,33 @@ fn identical_concurrent_misses_make_one_registry_call_on_1_38() {
             assert_eq!(response.audit["kept"][0]["reason"], json!("absent"));
             // Each admission asked: the sharing is the host's.
             assert_eq!(response.audit["summary"]["lookups"], json!(1));
+            // What the policy makes of the one answer they shared: each Pod records the image
+            // for the fill job, with the copy to the mirror it routes to, as an admission alone
+            // would (the shared failure read as the registry's "absent", not as a lookup error,
+            // which is never recorded).
+            let record = response.unmirrored().unwrap_or_default();
+            assert_eq!(
+                record["web"]["source"],
+                json!("nope:1"),
+                "{}: {response:?}",
+                model.name()
+            );
+            assert_eq!(
+                record["web"]["mirror"],
+                json!(format!("{}/hub/library/nope:1", proxy.host)),
+                "{}: {record}",
+                model.name()
+            );
+            assert!(
+                record["web"]["copy"]
+                    .as_str()
+                    .is_some_and(|copy| copy.ends_with(&format!(
+                        " docker://docker.io/library/nope:1 docker://{}/hub/library/nope:1",
+                        proxy.host
+                    ))),
+                "{}: {record}",
+                model.name()
+            );
         }
         eprintln!(
             "policy-server {}: {AT_ONCE} admissions at once of one missing image: {asked} registry requests ({one_lookup} a lookup), {} host lookups, {took:?}",

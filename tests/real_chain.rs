@@ -900,3 +900,233 @@ fn outcome(applied: &chain::Applied) -> &'static str {
         "refused"
     }
 }
+
+/// g. `policyServerServiceAccount`: a PolicyServer that may not list or watch the verifier
+/// kinds is found out before the lists are read (the host's `can_i`, a SubjectAccessReview for
+/// that ServiceAccount), and its verifiers are read as unreadable: `onLookupError` keeps the
+/// image at its source with a warning naming the verb, the kind and the ServiceAccount, or
+/// refuses the Pod. Three policy-servers as in scenario e (their ServiceAccounts granted `get`,
+/// `list` and `watch` on the policy kinds, only `get` and `list`, or nothing; each may create
+/// SubjectAccessReviews, as Kubewarden's chart grants by default), in namespaces no verifier
+/// covers, where without the setting the image would be swapped:
+/// - with the three verbs, swapped as without the setting;
+/// - without `watch`, kept (or refused) at once, where scenario e shows the list answering once
+///   and then going stale;
+/// - with nothing, kept (or refused) with an answer, where scenario e waits out the webhook's
+///   `timeoutSeconds`.
+///
+/// And the extra cost per admission, printed: `image-swapper` beside `image-swapper-unchecked`
+/// (the same settings without `policyServerServiceAccount`) on the server with the three verbs,
+/// POSTed to policy-server directly.
+#[test]
+fn a_policy_server_that_may_not_list_or_watch_the_verifiers_is_found_out() {
+    let Some(tools) = RealTools::find("real_chain::a_policy_server_that_may_not_list_or_watch")
+    else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    chain::kubewarden_crds(&plane);
+    let images = SignedImages::start("chain-can-i");
+    let registries = &images.registries;
+    let grants = [Grant::GetListWatch, Grant::GetList, Grant::Nothing];
+    let namespace = |grant: Grant, fallback: &str| format!("can-i-{}-{fallback}", grant.name());
+    let mut namespaces = Vec::new();
+    for grant in grants {
+        for fallback in ["keep", "reject"] {
+            namespaces.push(namespace(grant, fallback));
+        }
+    }
+    chain::namespaces(
+        &plane,
+        &namespaces.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let module = swapper(&tools);
+    let sources = registries.sources();
+    let account = |grant: Grant| format!("policy-server-can-i-{}", grant.name());
+    let mut kubeconfigs = Vec::new();
+    for grant in grants {
+        kubeconfigs.push(chain::service_account_kubeconfig(
+            &plane,
+            "kubewarden",
+            &account(grant),
+            grant.verbs(),
+        ));
+    }
+    // Kubewarden's chart grants every PolicyServer `create` on SubjectAccessReviews
+    // (`policyServer.permissions`); the host sends `can_i` as its own ServiceAccount.
+    let subjects: Vec<Value> = grants
+        .iter()
+        .map(|grant| json!({"kind": "ServiceAccount", "name": account(*grant), "namespace": "kubewarden"}))
+        .collect();
+    let review_rights = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "policy-server-can-i"},
+            "rules": [{"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+                "verbs": ["create"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "policy-server-can-i"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "policy-server-can-i"},
+            "subjects": subjects}]});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&review_rights.to_string()));
+
+    let policies: Vec<String> = grants
+        .iter()
+        .map(|grant| {
+            let mut settings = registries.settings();
+            settings["verifiers"] = json!([{"module": "*/verify-image-signatures:*"}]);
+            let unchecked = settings.clone();
+            settings["policyServerServiceAccount"] =
+                json!(format!("kubewarden/{}", account(*grant)));
+            let mut rejecting = settings.clone();
+            rejecting["onLookupError"] = json!("reject");
+            chain::policies_yml(
+                &tools,
+                &[
+                    Entry::new("image-swapper", &module, settings).reading_policies(),
+                    Entry::new("image-swapper-reject", &module, rejecting).reading_policies(),
+                    Entry::new("image-swapper-unchecked", &module, unchecked).reading_policies(),
+                ],
+            )
+        })
+        .collect();
+    let servers: Vec<PolicyServer> = std::thread::scope(|scope| {
+        let starting: Vec<_> = policies
+            .iter()
+            .zip(&kubeconfigs)
+            .map(|(policies, kubeconfig)| {
+                let (sources, tools) = (&sources, &tools);
+                scope.spawn(move || {
+                    PolicyServer::start(
+                        tools,
+                        policies,
+                        PolicyServerOptions {
+                            kubeconfig: Some(kubeconfig),
+                            ..options(sources)
+                        },
+                    )
+                })
+            })
+            .collect();
+        starting
+            .into_iter()
+            .map(|s| s.join().expect("policy-server"))
+            .collect()
+    });
+    for (grant, server) in grants.iter().zip(&servers) {
+        for (fallback, policy) in [
+            ("keep", "image-swapper"),
+            ("reject", "image-swapper-reject"),
+        ] {
+            let served = namespace(*grant, fallback);
+            Webhook {
+                name: &format!("clusterwide-can-i-{}-{fallback}", grant.name()),
+                server,
+                policy,
+                namespaces: &[served.as_str()],
+                failure_policy: "Ignore",
+                timeout_seconds: WEBHOOK_TIMEOUT_SECONDS,
+            }
+            .install(&plane);
+        }
+    }
+
+    let unsigned = registries.image("org/app", "unsigned");
+    let swapped = registries.mirror_image("org/app", "unsigned", &images.unsigned);
+    for fallback in ["keep", "reject"] {
+        let admitted = apply(
+            &plane,
+            &pod(
+                &namespace(Grant::GetListWatch, fallback),
+                "unsigned",
+                &unsigned,
+            ),
+        );
+        assert_eq!(
+            admitted.image(0),
+            swapped,
+            "{fallback}: list and watch granted, no verifier covers it: swapped\n{admitted:?}\n{}",
+            servers[0].log()
+        );
+    }
+    for (grant, server, verb) in [
+        (Grant::GetList, &servers[1], "watch"),
+        (Grant::Nothing, &servers[2], "list"),
+    ] {
+        let why = format!(
+            "the PolicyServer's ServiceAccount kubewarden/{} may not {verb} ClusterAdmissionPolicy objects",
+            account(grant)
+        );
+        let kept = apply(
+            &plane,
+            &pod(&namespace(grant, "keep"), "unsigned", &unsigned),
+        );
+        println!(
+            "{grant:?}, onLookupError: keep: answered in {:?}",
+            kept.took
+        );
+        assert_eq!(
+            kept.image(0),
+            unsigned,
+            "{grant:?}: no {verb}: kept at its source\n{kept:?}\n{}",
+            server.log()
+        );
+        assert!(
+            kept.warned(&format!("image \"{unsigned}\": kept")) && kept.warned(&why),
+            "{grant:?}: the warning names the verb, the kind and the ServiceAccount: {:?}",
+            kept.warnings
+        );
+        assert!(
+            kept.took < Duration::from_secs(WEBHOOK_TIMEOUT_SECONDS.into()),
+            "{grant:?}: answered after {:?}: the webhook's timeout, not the policy's answer",
+            kept.took
+        );
+        let refused = apply(
+            &plane,
+            &pod(&namespace(grant, "reject"), "unsigned", &unsigned),
+        );
+        println!(
+            "{grant:?}, onLookupError: reject: answered in {:?}",
+            refused.took
+        );
+        let refusal = refused.refused.as_deref().unwrap_or_default();
+        assert!(
+            refusal.contains(&why),
+            "{grant:?}: no {verb}, onLookupError: reject: refused, naming why: {refused:?}"
+        );
+    }
+
+    // The extra cost per admission: can_i's eight SubjectAccessReviews (list and watch on four
+    // kinds), which policy-server caches 5 s per question, beside the same policy without them.
+    let watching = &servers[0];
+    let request = |n: usize| {
+        let mut request = rig::pod_request(
+            "CREATE",
+            json!({"containers": [{"name": "web", "image": unsigned}]}),
+        );
+        request["uid"] = json!(format!("5c0e1d2a-0b7c-4d8e-9f10-{n:012x}"));
+        request["namespace"] = json!(namespace(Grant::GetListWatch, "keep"));
+        request["object"]["metadata"]["namespace"] = request["namespace"].clone();
+        PolicyServer::review(&request)
+    };
+    let time = |policy: &str, n: usize| {
+        let (answer, took) = watching.post(&format!("validate/{policy}"), &request(n));
+        assert_eq!(answer["response"]["allowed"], json!(true), "{answer}");
+        took
+    };
+    time("image-swapper-unchecked", 0);
+    std::thread::sleep(Duration::from_millis(5_500));
+    let cold = time("image-swapper", 1);
+    let (mut checked, mut unchecked) = (Vec::new(), Vec::new());
+    for n in 0..15 {
+        checked.push(time("image-swapper", 2 * n + 2));
+        unchecked.push(time("image-swapper-unchecked", 2 * n + 3));
+    }
+    checked.sort();
+    unchecked.sort();
+    println!(
+        "can_i cost: first admission after the host's 5 s cache expired {cold:?}; \
+         median of 15 (cached) {:?} with policyServerServiceAccount, {:?} without",
+        checked[7], unchecked[7]
+    );
+}

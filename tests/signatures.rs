@@ -441,6 +441,86 @@ fn a_signature_deleted_at_the_source_is_refused_at_once_with_verify_source() {
     assert!(!report.accepted, "still a finding: {report:?}");
 }
 
+/// With a rule that also covers the mirror's name (rules on `*`) and covered images verified at
+/// their source (the default), the swap requires the mirror's signature tag of the digest it
+/// swaps to to be the source's, since a verifier after it verifies the copy where it runs. The
+/// check role, scanning a Pod that runs such a copy, requires the same: absent, or another
+/// manifest under the tag, is a finding (`fail`) naming the tag and both digests, with the copy
+/// that brings the source's signature; once copied, the Pod passes.
+#[test]
+fn the_check_role_reports_a_mirror_copy_without_the_sources_signature_under_a_rule_on_it() {
+    let world = World::start("sig-check-copy", Signer::generate());
+    let image = world.image("signed");
+    let running_image = world.mirror_image("signed", &world.signed);
+    let mut check = world.settings_with(&[world.rule("*")]);
+    check["action"] = json!("check");
+    let running = rig::audit_request(
+        1,
+        json!({"containers": [{"name": "web", "image": running_image}]}),
+        json!({"image-swapper.kubewarden.io/original-images": json!({"web": image}).to_string()}),
+    );
+    let tag = signature_tag(&world.signed);
+    let source_signature = world
+        .source
+        .digest_of(REPOSITORY, &tag)
+        .expect("the source's signature");
+    let report = || validate(&check, &running, shared(LiveHost::default()));
+
+    // The mirror holds the image, not its signature.
+    let absent = report();
+    let message = absent.message.clone().unwrap_or_default();
+    assert!(
+        !absent.accepted && absent.code.is_none(),
+        "a finding: {absent:?}"
+    );
+    let copy = format!(
+        "docker://{}/{REPOSITORY}:{tag} docker://{}/cache/{REPOSITORY}:{tag}",
+        world.source.host, world.mirror.host
+    );
+    assert!(
+        message.contains("lacks its source's signature in the mirror")
+            && message.contains(&format!("the mirror lacks its signature tag {tag}"))
+            && message.contains(&copy),
+        "{message}"
+    );
+
+    // Another manifest under the signature tag: the finding names both digests.
+    let status = std::process::Command::new("skopeo")
+        .args([
+            "copy",
+            "--all",
+            "--preserve-digests",
+            "--src-tls-verify=false",
+            "--dest-tls-verify=false",
+            &format!("docker://{}", world.image("unsigned")),
+            &format!("docker://{}/cache/{REPOSITORY}:{tag}", world.mirror.host),
+        ])
+        .status()
+        .expect("skopeo");
+    assert!(
+        status.success(),
+        "skopeo copied another manifest under {tag}"
+    );
+    let other = report();
+    let message = other.message.clone().unwrap_or_default();
+    assert!(
+        !other.accepted && other.code.is_none(),
+        "a finding: {other:?}"
+    );
+    assert!(
+        message.contains(&format!(
+            "its signature tag {tag} there is {}, not the source's {source_signature}",
+            world.unsigned
+        )),
+        "{message}"
+    );
+
+    // The source's signature copied as the finding says: the Pod passes.
+    world.copy_signature();
+    let copied = report();
+    assert!(copied.accepted, "{copied:?}");
+}
+
 /// The publisher ships a fixed build under the same tag and signs it. Verified at the source
 /// (the default, and `verifySource: true`) the mirror's old copy (and its old, valid signature)
 /// is never swapped to: the new digest is admitted at its source, pinned by the verifier, until

@@ -10,7 +10,7 @@ use crate::registry::{LookupError, Refusal, Registry};
 use crate::rules::Router;
 use crate::text::quote;
 
-use super::check_signed::{check_at_source, check_drift, signed_mirror};
+use super::check_signed::{check_at_source, check_drift, check_mirror_signature, signed_mirror};
 use super::{Routed, joined, mirror_digest, route, verified_digest};
 use crate::signatures::{Verification, rules_covering, verifications_for};
 
@@ -116,6 +116,11 @@ pub enum Presence {
     /// `now`, which verifies there (`verifySource: false` trusts the mirror's tags, so the
     /// check is where a moved tag is seen). A finding.
     Drifted { digest: String, now: String },
+    /// A mirror image that verifies at its source, under a rule that also covers the mirror's
+    /// own name, whose mirror lacks the source's signature of `digest` (its `sha256-<hex>.sig`
+    /// absent or another manifest): why, naming both. A verifier whose rules match the mirror's
+    /// name refuses what it runs, or admits another signature. A finding.
+    SignatureNotCopied { why: String, digest: String },
     /// A source image a target holds, but whose copy there does not verify under
     /// `signatures`: the target (its index), the host's words, and the digest the target
     /// serves when it was learned, which names the signature tag to copy. A finding.
@@ -138,6 +143,8 @@ pub enum CheckedImage {
     /// does that digest still verify at its source (`source`, `name@digest`)?
     SignedMirror {
         mirror: MirrorImage,
+        /// The mirror image as the Pod writes it: what a rule on the mirror's name matches.
+        image: String,
         /// Every string a Pod could write for its source (the record's original, and the
         /// sources that route to the mirror image): what the rules are matched against.
         spellings: Vec<String>,
@@ -157,6 +164,7 @@ impl CheckedImage {
         if let Some(mirror) = mirror_image(image, &policy.router) {
             return Some(match signed_mirror(image, original, &mirror, policy) {
                 Some((spellings, reference)) => CheckedImage::SignedMirror {
+                    image: image.to_string(),
                     source: joined(reference.name(), '@', mirror.digest().unwrap_or_default()),
                     source_tag: reference
                         .tag()
@@ -188,6 +196,7 @@ impl CheckedImage {
             CheckedImage::Mirror(image) => check(image, registry),
             CheckedImage::SignedMirror {
                 mirror,
+                image,
                 spellings,
                 source,
                 source_tag,
@@ -198,7 +207,12 @@ impl CheckedImage {
                         Some(tagged) if !policy.verify_covered_at_source => {
                             check_drift(tagged, mirror, &verifications, registry)
                         }
-                        _ => check_at_source(source, mirror, &verifications, registry),
+                        _ => match check_at_source(source, mirror, &verifications, registry) {
+                            Presence::Present => {
+                                check_mirror_signature(image, source, mirror, policy, registry)
+                            }
+                            other => other,
+                        },
                     }
                 }
                 other => other,
@@ -247,7 +261,9 @@ pub fn check_source(
             }
             Presence::OverBudget(refusal) => return Presence::OverBudget(refusal),
             // A target's copy is asked at the mirror only; kept as the answer should it come.
-            revoked @ (Presence::RevokedAtSource { .. } | Presence::Drifted { .. }) => {
+            revoked @ (Presence::RevokedAtSource { .. }
+            | Presence::Drifted { .. }
+            | Presence::SignatureNotCopied { .. }) => {
                 return revoked;
             }
         }

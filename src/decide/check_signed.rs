@@ -1,17 +1,20 @@
 //! The check role's judgement of a pinned mirror image a rule of `signatures` (or of a
 //! verifier) covers: which source it is the copy of, and whether that source still vouches for
 //! the digest it runs (a revocation), or (with the mirror's tags trusted) whether the source's
-//! tag still names it (a drift). Separate from `check` because it is the one part that asks
+//! tag still names it (a drift), and (under a rule that covers the mirror's name too) whether the
+//! mirror holds the source's signature of it. Separate from `check` because it is the one part that asks
 //! the source.
 
 use crate::policy::Policy;
 use crate::reference::Reference;
 use crate::registry::{LookupError, Registry};
-use crate::signatures::{Verification, rules_covering};
+use crate::signatures::{Verification, covers, rules_covering};
 use crate::text::quote;
 
 use super::check::{MirrorImage, Presence};
+use super::failure::Failure;
 use super::mirror_digest;
+use super::mirror_signature::signature_copied;
 
 /// The spellings of a pinned mirror image's source that a rule of `signatures` (or of a
 /// verifier) covers, with the source the check asks: the Pod's record of its original when
@@ -100,5 +103,38 @@ pub(super) fn check_at_source(
             quote(source)
         )),
         Err(LookupError::OverBudget(refusal)) => Presence::OverBudget(refusal),
+    }
+}
+
+/// Under a rule that also covers the mirror image's own name (rules on `*`, or on the target),
+/// whether the mirror's signature tag of the digest it pins is the source's (`source` is
+/// `name@digest`): the swap requires it of every copy it swaps to (`mirror_signature`), since a
+/// verifier after this policy verifies the copy where it runs. One lookup at each side.
+pub(super) fn check_mirror_signature(
+    image: &str,
+    source: &str,
+    mirror: &MirrorImage,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Presence {
+    let Some(digest) = mirror.digest() else {
+        return Presence::Present;
+    };
+    if !covers(&policy.signatures, image) {
+        return Presence::Present;
+    }
+    let source_name = source.split_once('@').map_or(source, |(name, _)| name);
+    match signature_copied(source_name, mirror.repository(), digest, registry) {
+        Ok(()) => Presence::Present,
+        Err((_, Failure::Unverified(why, _))) => Presence::SignatureNotCopied {
+            why,
+            digest: digest.to_string(),
+        },
+        Err((_, Failure::Budget { refusal, .. })) => Presence::OverBudget(refusal),
+        Err((_, Failure::LookupError(why))) => Presence::NotChecked(why),
+        Err((at, _)) => Presence::NotChecked(format!(
+            "its signature in the mirror ({}) could not be compared with the source's",
+            quote(&at)
+        )),
     }
 }

@@ -35,6 +35,7 @@ pub(super) fn check_outcome(
     }
     let mut gone = Vec::new();
     let mut revoked = Vec::new();
+    let mut unsigned_copies = Vec::new();
     let mut unmirrored = Vec::new();
     let mut not_checked = Vec::new();
     let mut over_budget = Vec::new();
@@ -70,6 +71,19 @@ pub(super) fn check_outcome(
                     "{container}: image {} runs digest {digest}, but the source's tag {} now names {now}, which verifies there; refill the mirror's tag from the source and roll out the Pods that run it",
                     quote(image),
                     quote(source_tag.unwrap_or_default()),
+                ));
+            }
+            (
+                Presence::SignatureNotCopied { why, digest },
+                CheckedImage::SignedMirror { mirror, source, .. },
+            ) => {
+                let source_name = source
+                    .split_once('@')
+                    .map_or(source.as_str(), |(name, _)| name);
+                unsigned_copies.push(format!(
+                    "{container}: image {} verifies at its source, but a rule covers the mirror's name too and {why}; copy the source's signature ({}), so that a verifier after this policy admits it",
+                    quote(image),
+                    signature_command(source_name, mirror.repository(), digest)
                 ));
             }
             (
@@ -126,7 +140,8 @@ pub(super) fn check_outcome(
             }
             (Presence::NotChecked(why), _)
             | (Presence::Unverified { answer: why, .. }, _)
-            | (Presence::RevokedAtSource { answer: why, .. }, _) => {
+            | (Presence::RevokedAtSource { answer: why, .. }, _)
+            | (Presence::SignatureNotCopied { why, .. }, _) => {
                 unchecked += 1;
                 not_checked.push(format!(
                     "{container}: image {} not checked: could not ask the mirror for {} ({why})",
@@ -154,7 +169,10 @@ pub(super) fn check_outcome(
     }
     let audit = check_audit(
         checked.len(),
-        (gone.len() + revoked.len(), unmirrored.len()),
+        (
+            gone.len() + revoked.len() + unsigned_copies.len(),
+            unmirrored.len(),
+        ),
         unchecked,
         report,
     );
@@ -168,6 +186,11 @@ pub(super) fn check_outcome(
             revoked,
             "a mirror image the Pod runs no longer verifies at its source",
             "mirror images the Pod runs no longer verify at their sources",
+        ),
+        under_head(
+            unsigned_copies,
+            "a mirror image the Pod runs lacks its source's signature in the mirror",
+            "mirror images the Pod runs lack their sources' signatures in the mirror",
         ),
         under_head(
             unmirrored,

@@ -8,7 +8,7 @@ use super::{ORIGINAL_IMAGES_ANNOTATION, Outcome, Verdict, admit};
 use crate::budget::tests::FakeClock;
 use crate::decide::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
 use crate::registry::LookupError;
-use crate::verifiers::{Cluster, NoCluster, PolicyKind};
+use crate::verifiers::{Access, AccessReview, Cluster, NoCluster, PolicyKind};
 
 const KEY: &str = "-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----";
 const SWAPPED: &str = "m.io/hub/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -169,6 +169,13 @@ impl Cluster for OneVerifier {
             _ => json!({"items": []}),
         })
     }
+
+    fn can_i(&mut self, _review: &AccessReview<'_>) -> Result<Access, String> {
+        Ok(Access {
+            allowed: true,
+            reason: String::new(),
+        })
+    }
 }
 
 const CHECK_WITH_VERIFIERS: &str = r#"{"action":"check","mirrors":[{"source":"docker.io","target":"m.io/hub"}],
@@ -275,4 +282,121 @@ fn a_module_pattern_that_matches_no_policy_is_said() {
         audit["globs"],
         json!(["registry://ghcr.io/kubewarden/policies/verify-image-signatures@*"])
     );
+}
+
+/// One verifier, as [`OneVerifier`], read by a PolicyServer whose ServiceAccount lacks `verb`.
+struct Lacking(&'static str);
+
+impl Cluster for Lacking {
+    fn list(&mut self, kind: PolicyKind, namespace: Option<&str>) -> Result<Value, String> {
+        OneVerifier.list(kind, namespace)
+    }
+
+    fn can_i(&mut self, review: &AccessReview<'_>) -> Result<Access, String> {
+        Ok(Access {
+            allowed: review.verb != self.0,
+            reason: String::new(),
+        })
+    }
+}
+
+fn with_reader(extra: &str) -> String {
+    format!(
+        r#"{{"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"verifiers":[{{"module":"*/verify-image-signatures:*"}}],"policyServerServiceAccount":"kubewarden/policy-server"{extra}}}"#
+    )
+}
+
+/// With `policyServerServiceAccount`, verifiers its PolicyServer may not list or watch are read
+/// as unreadable: even an image no verifier's rule covers is `onLookupError`'s, with a message
+/// naming the verb, the kind and the ServiceAccount; granted both, it is swapped as before.
+#[test]
+fn verifiers_the_policy_server_may_not_list_or_watch_are_unreadable() {
+    let create = || {
+        let mut request = update(pod("busybox:1", None), Value::Null);
+        request.operation = "CREATE".to_string();
+        request
+    };
+    let mut registry = FakeRegistry::default().with("m.io/hub/library/busybox:1", Ok(DIGEST_A));
+    let granted = run(&with_reader(""), create(), &mut registry, &mut Lacking("-"));
+    assert_eq!(
+        image_of(&granted),
+        Some(format!("m.io/hub/library/busybox:1@{DIGEST_A}").as_str()),
+        "{granted:?}"
+    );
+    let stale = run(
+        &with_reader(""),
+        create(),
+        &mut registry,
+        &mut Lacking("watch"),
+    );
+    assert!(
+        image_of(&stale).is_none_or(|image| image == "busybox:1"),
+        "kept: {stale:?}"
+    );
+    assert!(
+        stale.warnings.iter().any(|w| w.contains(
+            "the PolicyServer's ServiceAccount kubewarden/policy-server may not watch ClusterAdmissionPolicy objects"
+        )),
+        "{stale:?}"
+    );
+    let refused = run(
+        &with_reader(r#","onLookupError":"reject""#),
+        create(),
+        &mut registry,
+        &mut Lacking("list"),
+    );
+    assert!(
+        matches!(&refused.verdict, Verdict::Reject(message) if message.contains("may not list ClusterAdmissionPolicy objects")),
+        "{refused:?}"
+    );
+    // The check role asks too: its check of a mirror image is then an error.
+    let checked = run(
+        &with_reader(r#","action":"check""#),
+        scanned(SWAPPED),
+        &mut registry,
+        &mut Lacking("watch"),
+    );
+    assert!(
+        matches!(&checked.verdict, Verdict::Error(message) if message.contains("may not watch ClusterAdmissionPolicy objects")),
+        "{checked:?}"
+    );
+}
+
+/// Under a rule that also covers the mirror's name (`*`), the check role holds a running mirror
+/// image that verifies at its source to what the swap requires: the mirror's signature tag of
+/// its digest is the source's. Absent, or another manifest, is a finding naming the tag and
+/// both digests, with the copy; the same signature passes.
+#[test]
+fn the_check_role_compares_the_mirrors_signature_under_a_rule_on_the_mirrors_name() {
+    const SOURCE_SIG: &str = "docker.io/library/nginx:sha256-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sig";
+    const MIRROR_SIG: &str = "m.io/hub/library/nginx:sha256-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sig";
+    let settings = format!(
+        r#"{{"action":"check","mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"signatures":[{{"image":"*","pubKeys":[{KEY:?}]}}]}}"#
+    );
+    let at_mirror = |answer: Result<&str, LookupError>| {
+        let mut registry = FakeRegistry::default()
+            .with(BY_DIGEST, Ok(DIGEST_A))
+            .with(SOURCE_SIG, Ok(DIGEST_B))
+            .with(MIRROR_SIG, answer);
+        registry.verifications.insert(
+            "docker.io/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".to_string(),
+            Ok(DIGEST_A.to_string()),
+        );
+        run(&settings, scanned(SWAPPED), &mut registry, &mut NoCluster)
+    };
+    let absent = at_mirror(Err(LookupError::Absent("manifest unknown".to_string())));
+    assert!(
+        matches!(&absent.verdict, Verdict::Reject(message)
+            if message.contains("lacks its source's signature in the mirror")
+            && message.contains("the mirror lacks its signature tag sha256-")
+            && message.contains(&format!("docker://{SOURCE_SIG} docker://{MIRROR_SIG}"))),
+        "{absent:?}"
+    );
+    let another = at_mirror(Ok(DIGEST_A));
+    assert!(
+        matches!(&another.verdict, Verdict::Reject(message)
+            if message.contains(&format!("there is {DIGEST_A}, not the source's {DIGEST_B}"))),
+        "{another:?}"
+    );
+    assert_eq!(at_mirror(Ok(DIGEST_B)).verdict, Verdict::Accept);
 }

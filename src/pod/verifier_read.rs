@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 
 use crate::policy::Policy;
-use crate::verifiers::{Cluster, verifier_rules};
+use crate::verifiers::{Cluster, reader_may_list, verifier_rules};
 
 use super::report::capped;
 
 /// The policy for one admission with the rules of the cluster's verifiers beside its own
-/// `signatures`; when they cannot be read, marked so that nothing is swapped unverified. With
+/// `signatures`; when they cannot be read, or the PolicyServer's ServiceAccount (when named) may
+/// not list and watch them, marked so that nothing is swapped unverified. With
 /// it, when a `module` pattern matched no policy: the warning and the audit annotation that
 /// say so, naming the patterns and the policies read.
 pub(super) fn with_verifier_rules(
@@ -20,7 +21,13 @@ pub(super) fn with_verifier_rules(
 ) -> (Policy, Option<(String, String)>) {
     let mut policy = policy.clone();
     let mut unmatched = None;
-    match verifier_rules(&policy.verifiers, namespace, cluster) {
+    // Asked first: a list the PolicyServer may not make never returns, and one it may not
+    // watch is never refreshed; either is a read that cannot be trusted.
+    let may_list = match &policy.verifiers_reader {
+        Some(account) => reader_may_list(account, namespace, cluster),
+        None => Ok(()),
+    };
+    match may_list.and_then(|()| verifier_rules(&policy.verifiers, namespace, cluster)) {
         Ok(read) => {
             if !read.unmatched.is_empty() {
                 let globs: Vec<String> = read.unmatched.iter().map(|g| format!("{g:?}")).collect();

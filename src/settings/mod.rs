@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::glob::Glob;
 use crate::policy::{Action, Fallback, Platform, Policy, SwapPolicy};
 use crate::rules::Router;
+use crate::verifiers::ServiceAccount;
 
 use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
@@ -67,6 +68,9 @@ pub struct Settings {
     /// Verifier policies in the cluster whose `signatures` count as this policy's own, read at
     /// every admission.
     pub verifiers: Vec<VerifierSetting>,
+    /// `<namespace>/<name>` of the PolicyServer's ServiceAccount: with `verifiers`, whether it
+    /// may list and watch the verifier kinds is asked at every admission before they are read.
+    pub policy_server_service_account: Option<String>,
     /// The requesters (Kubernetes usernames) whose Pod updates may drop entries of the record of
     /// unmirrored images: the fill job's ServiceAccount, once the mirror holds them.
     pub fill_job_usernames: Vec<String>,
@@ -100,6 +104,7 @@ impl Default for Settings {
             signatures: Vec::new(),
             on_unverified: Fallback::Keep,
             verifiers: Vec::new(),
+            policy_server_service_account: None,
             fill_job_usernames: Vec::new(),
         }
     }
@@ -184,6 +189,7 @@ impl Policy {
         if verifying.iter().all(|(_, set)| !set) && settings.on_unverified == Fallback::Reject {
             errors.push("onUnverified: reject is only used with signatures or verifiers, which are empty; set one, or remove onUnverified".to_string());
         }
+        let verifiers_reader = policy_server_service_account(settings, &mut errors);
         check_fill_job_usernames(settings, &mut errors);
         let budget = settings.lookup_budget_milliseconds;
         if !(1..=MAX_LOOKUP_BUDGET_MS).contains(&budget) {
@@ -211,8 +217,43 @@ impl Policy {
             on_unverified: settings.on_unverified,
             verifiers,
             verifiers_unreadable: None,
+            verifiers_reader,
             fill_job_usernames: settings.fill_job_usernames.clone(),
         })
+    }
+}
+
+/// `policyServerServiceAccount`: `<namespace>/<name>`, each a DNS label or subdomain as the
+/// API server names ServiceAccounts, and only with `verifiers`, whose reading it guards.
+fn policy_server_service_account(
+    settings: &Settings,
+    errors: &mut Vec<String>,
+) -> Option<ServiceAccount> {
+    let written = settings.policy_server_service_account.as_ref()?;
+    if settings.verifiers.is_empty() {
+        errors.push("policyServerServiceAccount: only used with verifiers, which is empty (it is asked whether it may list and watch the verifier policies); set verifiers, or remove policyServerServiceAccount".to_string());
+        return None;
+    }
+    let name_like = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 253
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && part.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && part.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    match written.split_once('/') {
+        Some((namespace, name)) if name_like(namespace) && name_like(name) => {
+            Some(ServiceAccount {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
+        }
+        _ => {
+            errors.push(format!("policyServerServiceAccount: {written:?} is not <namespace>/<name> of a ServiceAccount, e.g. \"kubewarden/policy-server\" (the service account of the PolicyServer that runs this policy)"));
+            None
+        }
     }
 }
 
@@ -441,6 +482,18 @@ mod tests {
         r#"{"defaultMirror":{"registry":"m.io"},"fillJobUsernames":[" system:serviceaccount:kubewarden:fill-mirror"]}"#,
         "fillJobUsernames[0]: \" system:serviceaccount:kubewarden:fill-mirror\" is not a username"
     )]
+    #[case::policy_server_service_account_without_verifiers(
+        r#"{"defaultMirror":{"registry":"m.io"},"policyServerServiceAccount":"kubewarden/policy-server"}"#,
+        "policyServerServiceAccount: only used with verifiers, which is empty"
+    )]
+    #[case::policy_server_service_account_without_namespace(
+        r#"{"defaultMirror":{"registry":"m.io"},"verifiers":[{}],"policyServerServiceAccount":"policy-server"}"#,
+        "policyServerServiceAccount: \"policy-server\" is not <namespace>/<name> of a ServiceAccount, e.g. \"kubewarden/policy-server\""
+    )]
+    #[case::policy_server_service_account_as_a_username(
+        r#"{"defaultMirror":{"registry":"m.io"},"verifiers":[{}],"policyServerServiceAccount":"system:serviceaccount:kubewarden/policy-server"}"#,
+        "policyServerServiceAccount: \"system:serviceaccount:kubewarden/policy-server\" is not <namespace>/<name>"
+    )]
     #[case::fill_job_usernames_on_the_check_role(
         r#"{"action":"check","defaultMirror":{"registry":"m.io"},"fillJobUsernames":["system:serviceaccount:kubewarden:fill-mirror"]}"#,
         "fillJobUsernames: only used with action: swap"
@@ -559,5 +612,17 @@ mod tests {
     )]
     fn valid_settings_are_accepted(#[case] json: &str) {
         assert!(policy(json).is_ok(), "{:?}", policy(json).err());
+    }
+
+    #[test]
+    fn the_policy_servers_service_account_is_read_as_namespace_and_name() {
+        let read = policy(
+            r#"{"defaultMirror":{"registry":"m.io"},"verifiers":[{}],"policyServerServiceAccount":"kubewarden/policy-server.swap-1"}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            read.verifiers_reader.map(|account| account.username()),
+            Some("system:serviceaccount:kubewarden:policy-server.swap-1".to_string())
+        );
     }
 }
