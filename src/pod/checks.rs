@@ -11,10 +11,10 @@ use crate::policy::Policy;
 use crate::registry::{Registry, registry_host};
 
 use super::candidates::Candidate;
+use super::check_report::Found;
 use super::check_report::check_outcome;
 use super::decisions::first_of_each_registry;
 use super::look_once::LookOnce;
-use super::check_report::Found;
 use super::record::recorded_originals;
 use super::running::running_digests;
 use super::verifier_read::{tell_unmatched, with_verifier_rules};

@@ -97,10 +97,20 @@ mod tests {
         &format!("docker-pullable://m.io/hub/library/nginx@{D}"),
         Some(D)
     )]
-    #[case::a_configuration_digest_is_no_repository_digest("m.io/hub/library/nginx:1.27", "m.io/hub/library/nginx:1.27", D, None)]
+    #[case::a_configuration_digest_is_no_repository_digest(
+        "m.io/hub/library/nginx:1.27",
+        "m.io/hub/library/nginx:1.27",
+        D,
+        None
+    )]
     #[case::not_started_yet("m.io/hub/library/nginx:1.27", "m.io/hub/library/nginx:1.27", "", None)]
     #[case::the_spec_changed_since("m.io/hub/library/nginx:1.28", "m.io/hub/library/nginx:1.27", &format!("m.io/hub/library/nginx@{D}"), None)]
-    #[case::not_a_digest("m.io/hub/library/nginx:1.27", "m.io/hub/library/nginx:1.27", "m.io/hub/library/nginx@sha256:zz", None)]
+    #[case::not_a_digest(
+        "m.io/hub/library/nginx:1.27",
+        "m.io/hub/library/nginx:1.27",
+        "m.io/hub/library/nginx@sha256:zz",
+        None
+    )]
     fn the_running_digest_is_read_from_a_status_that_names_the_spec_s_image(
         #[case] spec: &str,
         #[case] status: &str,
