@@ -111,6 +111,8 @@ fn a_pod_whose_pinned_mirror_image_is_pruned_is_reported_with_what_to_do() {
     );
 }
 
+/// A tag-only mirror image with no record (no status either): the one source the rule's
+/// target inverts to is named, and its tag copied.
 #[test]
 fn a_tag_only_mirror_image_the_mirror_lacks_is_reported() {
     let mirror = TestRegistry::start("audit-tag").expect("registry");
@@ -126,11 +128,51 @@ fn a_tag_only_mirror_image_the_mirror_lacks_is_reported() {
     let message = response.message.unwrap_or_default();
     assert!(
         message.contains(&format!(
-            "containers \"web\": image \"{image}\" is gone from the mirror (asked for \"{image}\", it answered: registry: manifest unknown); roll the workload out"
+            "containers \"web\": image \"{image}\" is gone from the mirror (asked for \"{image}\", it answered: registry: manifest unknown); no record names its source; by the mirror's layout it is a copy of \"docker.io/library/redis:7\": refill the mirror (skopeo copy --all --preserve-digests docker://docker.io/library/redis:7 docker://{image}) or roll the workload out"
         )),
         "{message}"
     );
     assert_eq!(lookups.len(), 1);
+}
+
+/// A Pod k8s-image-swapper swapped (`<registry>/<source host>/<path>`, no record), running a tag
+/// whose digest ECR's lifecycle expired: the check role, under `defaultMirror`'s layout, names
+/// its source and the copy of the digest the container runs (its status' `imageID`) to the tag
+/// it names, which a fill run makes from the report.
+#[test]
+fn a_pod_k8s_image_swapper_swapped_is_reported_with_the_copy_of_what_it_runs() {
+    let mirror = TestRegistry::start("audit-adopted").expect("registry");
+    let repository = format!("{}/cache/docker.io/library/nginx", mirror.host);
+    let running = Image::new("nginx 1.27", "linux/amd64").push(
+        &mirror,
+        "cache/docker.io/library/nginx",
+        Some("1.27"),
+    );
+    mirror
+        .delete_manifest("cache/docker.io/library/nginx", &running)
+        .expect("the lifecycle rule expires it");
+    let image = format!("{repository}:1.27");
+    let mut request = audit_request(3, web(&image), json!({}));
+    request["object"]["status"]["containerStatuses"] = json!([
+        {"name": "web", "image": image, "imageID": format!("{repository}@{running}"), "ready": true}
+    ]);
+    let settings = json!({
+        "action": "check",
+        "defaultMirror": {"registry": format!("{}/cache", mirror.host)},
+    });
+    let (response, lookups) = run(&settings, &request);
+    assert!(
+        !response.accepted && response.code.is_none(),
+        "a finding: {response:?}"
+    );
+    let message = response.message.unwrap_or_default();
+    assert!(
+        message.ends_with(&format!(
+            "no record names its source; by the mirror's layout it is a copy of \"docker.io/library/nginx:1.27\": refill the mirror, at the digest the container runs ({running}) (skopeo copy --all --preserve-digests docker://docker.io/library/nginx@{running} docker://{image}) or roll the workload out so that its new Pods are decided afresh"
+        )),
+        "{message}"
+    );
+    assert_eq!(lookups, [format!("OciManifestDigest {image}")]);
 }
 
 #[test]

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::budget::BudgetReport;
 use crate::decide::check::{CheckedImage, MirrorImage, Presence};
 use crate::policy::Policy;
+use crate::reference::Reference;
 use crate::text::quote;
 
 use super::candidates::Candidate;
@@ -26,7 +27,7 @@ use super::{Outcome, Verdict};
 pub(super) fn check_outcome(
     checked: &[Checked],
     candidates: &[Candidate<'_>],
-    originals: &BTreeMap<String, String>,
+    found: &Found<'_>,
     policy: &Policy,
     report: &BudgetReport,
 ) -> Outcome {
@@ -90,14 +91,13 @@ pub(super) fn check_outcome(
                 Presence::Gone(answer),
                 CheckedImage::Mirror(mirror) | CheckedImage::SignedMirror { mirror, .. },
             ) => {
-                let original = originals
-                    .get(candidate.name)
-                    .filter(|original| policy.router.is_swap_of(original, image));
+                let origin = found.origin(candidate.name, image, policy);
+                let running = found.running.get(candidate.name).map(String::as_str);
                 gone.push(format!(
                     "{container}: image {} is gone from the mirror (asked for {}, it answered: {answer}); {}",
                     quote(image),
                     quote(asked),
-                    what_to_do(original.map(String::as_str), mirror)
+                    what_to_do(origin.as_ref(), mirror, running)
                 ));
             }
             (Presence::Gone(answer), CheckedImage::Source(source)) => {
@@ -237,19 +237,68 @@ fn under_head(entries: Vec<String>, one: &str, several: &str) -> Option<String> 
     ))
 }
 
+/// What the check read off the Pod beside its images: the record of what each container was
+/// swapped from, and the digest each container runs (its status).
+pub(super) struct Found<'a> {
+    pub(super) originals: &'a BTreeMap<String, String>,
+    pub(super) running: &'a BTreeMap<String, String>,
+}
+
+/// Where a gone mirror image came from.
+enum Origin {
+    /// The Pod's record names it: this policy swapped it.
+    Recorded(String),
+    /// No record names it (another swapper put it there, k8s-image-swapper say, or the Pod was
+    /// written under the mirror's name), but exactly one source routes to its repository: the
+    /// layout is inverted (`Router::sources_of`), as for a mirror-spelled image's signatures.
+    Layout(String),
+}
+
+impl Found<'_> {
+    fn origin(&self, container: &str, image: &str, policy: &Policy) -> Option<Origin> {
+        if let Some(original) = self
+            .originals
+            .get(container)
+            .filter(|original| policy.router.is_swap_of(original, image))
+        {
+            return Some(Origin::Recorded(original.clone()));
+        }
+        let reference = Reference::parse(image).ok()?;
+        let sources = policy.router.sources_of(&reference);
+        let mut forward = sources.iter().filter(|source| source.forward);
+        // Two sources routing to one repository leave its origin unknown: no copy is guessed.
+        match (forward.next(), forward.next()) {
+            (Some(only), None) => Some(Origin::Layout(only.reference.as_str().to_string())),
+            _ => None,
+        }
+    }
+}
+
 /// What the operator can do about a mirror image that is gone: put it back (when the Pod's
-/// record names the image it was swapped from, which the message names), or roll the workload
-/// out so that its new Pods are decided afresh (the swapping policy then keeps the source
-/// image, or swaps to what the mirror holds now).
-fn what_to_do(original: Option<&str>, image: &MirrorImage) -> String {
+/// record names the image it was swapped from, or the mirror's layout names the one source it
+/// can have come from; the message names it), at the digest the container runs when the Pod
+/// names a tag and its status says which, or roll the workload out so that its new Pods are
+/// decided afresh (the swapping policy then keeps the source image, or swaps to what the mirror
+/// holds now).
+fn what_to_do(origin: Option<&Origin>, image: &MirrorImage, running: Option<&str>) -> String {
     const ROLL_OUT: &str = "roll the workload out so that its new Pods are decided afresh";
-    let Some((original, refill)) =
-        original.and_then(|original| Some((original, refill_command(original, image)?)))
-    else {
+    let (original, from) = match origin {
+        Some(Origin::Recorded(original)) => (original, "it was swapped from"),
+        Some(Origin::Layout(original)) => (
+            original,
+            "no record names its source; by the mirror's layout it is a copy of",
+        ),
+        None => return format!("{ROLL_OUT}, or refill the mirror from the image's source"),
+    };
+    let Some(refill) = refill_command(original, image, running) else {
         return format!("{ROLL_OUT}, or refill the mirror from the image's source");
     };
+    let at = match (image.digest(), running) {
+        (None, Some(digest)) => format!(", at the digest the container runs ({digest})"),
+        _ => String::new(),
+    };
     format!(
-        "it was swapped from {}: refill the mirror ({refill}) or {ROLL_OUT}",
+        "{from} {}: refill the mirror{at} ({refill}) or {ROLL_OUT}",
         quote(original)
     )
 }

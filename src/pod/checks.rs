@@ -11,10 +11,12 @@ use crate::policy::Policy;
 use crate::registry::{Registry, registry_host};
 
 use super::candidates::Candidate;
+use super::check_report::Found;
 use super::check_report::check_outcome;
 use super::decisions::first_of_each_registry;
 use super::look_once::LookOnce;
 use super::record::recorded_originals;
+use super::running::running_digests;
 use super::verifier_read::{tell_unmatched, with_verifier_rules};
 use super::{Operation, Outcome, Verdict, changed_containers};
 use crate::budget::{Budgeted, Clock};
@@ -123,7 +125,11 @@ pub(super) fn check(
     let originals = recorded_originals(&request.object);
     let checked = check_all(&candidates, &originals, policy, &mut budgeted);
     let report = budgeted.report();
-    let mut outcome = check_outcome(&checked, &candidates, &originals, policy, &report);
+    let found = Found {
+        originals: &originals,
+        running: &running_digests(&request.object),
+    };
+    let mut outcome = check_outcome(&checked, &candidates, &found, policy, &report);
     tell_unmatched(&mut outcome.warnings, &mut outcome.audit, unmatched);
     outcome
 }
@@ -275,10 +281,14 @@ mod tests {
     }
 
     #[test]
-    fn without_a_matching_record_the_finding_says_roll_out() {
-        // The record names another image than the one the container runs: it is ignored.
+    fn without_a_matching_record_or_a_source_the_finding_says_roll_out() {
+        // The record names another image than the one the container runs: it is ignored; and
+        // the one source the mirror's layout inverts to is excluded, so it routes nowhere: no
+        // copy is guessed.
+        let settings = r#"{"action":"check","mirrors":[{"source":"docker.io","target":"m.io/hub"}],
+            "exclude":["docker.io/library/nginx:*"]}"#;
         let outcome = run(
-            CHECK,
+            settings,
             scanned(web("m.io/hub/library/nginx:1.27"), recorded("redis:7")),
             &mut FakeRegistry::default(),
         );
@@ -291,6 +301,79 @@ mod tests {
         );
         assert!(
             message.contains("asked for \"m.io/hub/library/nginx:1.27\""),
+            "{message}"
+        );
+    }
+
+    /// A running Pod with its status, as the audit scanner sends it.
+    fn running(image: &str, image_id: &str, annotations: Value) -> KubernetesAdmissionRequest {
+        let mut request = scanned(web(image), annotations);
+        request.object["status"]["containerStatuses"] =
+            json!([{"name": "web", "image": image, "imageID": image_id}]);
+        request
+    }
+
+    /// A Pod another swapper put under the mirror (k8s-image-swapper's layout, `<registry>/<source
+    /// host>/<path>`, no record): the one source that routes there is named, and its refill
+    /// copies the digest the container runs to the tag it names, so that the fill job puts back
+    /// what ECR's lifecycle expired, as the container runs it.
+    #[test]
+    fn a_pod_another_swapper_swapped_gets_the_copy_from_its_source_at_the_running_digest() {
+        let settings = r#"{"action":"check","defaultMirror":{"registry":"ecr.example.com/cache"}}"#;
+        let image = "ecr.example.com/cache/docker.io/library/nginx:1.27";
+        let repository = "ecr.example.com/cache/docker.io/library/nginx";
+        let outcome = run(
+            settings,
+            running(image, &format!("{repository}@{DIGEST_A}"), json!({})),
+            &mut FakeRegistry::default(),
+        );
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("expected a finding, got {outcome:?}");
+        };
+        assert!(
+            message.ends_with(&format!(
+                "no record names its source; by the mirror's layout it is a copy of \"docker.io/library/nginx:1.27\": refill the mirror, at the digest the container runs ({DIGEST_A}) (skopeo copy --all --preserve-digests docker://docker.io/library/nginx@{DIGEST_A} docker://{image}) or roll the workload out so that its new Pods are decided afresh"
+            )),
+            "{message}"
+        );
+    }
+
+    /// The policy's own swap by tag, recorded: the refill copies the running digest too, not the
+    /// source's tag, which may name a newer build by now.
+    #[test]
+    fn a_recorded_swap_by_tag_is_refilled_at_the_digest_the_container_runs() {
+        let image = "m.io/hub/library/nginx:1.27";
+        let outcome = run(
+            CHECK,
+            running(
+                image,
+                &format!("m.io/hub/library/nginx@{DIGEST_A}"),
+                recorded("nginx:1.27"),
+            ),
+            &mut FakeRegistry::default(),
+        );
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("expected a finding, got {outcome:?}");
+        };
+        assert!(
+            message.contains(&format!(
+                "it was swapped from \"nginx:1.27\": refill the mirror, at the digest the container runs ({DIGEST_A}) (skopeo copy --all --preserve-digests docker://docker.io/library/nginx@{DIGEST_A} docker://{image})"
+            )),
+            "{message}"
+        );
+        // Without a status, the source's tag.
+        let outcome = run(
+            CHECK,
+            scanned(web(image), recorded("nginx:1.27")),
+            &mut FakeRegistry::default(),
+        );
+        let Verdict::Reject(message) = outcome.verdict else {
+            panic!("expected a finding, got {outcome:?}");
+        };
+        assert!(
+            message.contains(&format!(
+                "refill the mirror (skopeo copy --all --preserve-digests docker://docker.io/library/nginx:1.27 docker://{image})"
+            )),
             "{message}"
         );
     }

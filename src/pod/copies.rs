@@ -9,14 +9,19 @@ use crate::reference::Reference;
 /// pulls, and never a mirror tag moved to other content. A pinned image copies its digest from
 /// the source (which a copy with preserved digests shares) to a tag of its own
 /// (`sha256-<hex>`): the tag beside the digest may name newer content in the mirror now, and a
-/// tag keeps "delete untagged" rules off the copy. An image by tag copies the source's tag to
-/// the mirror's, which the mirror just said it lacks.
-pub(super) fn refill_command(original: &str, image: &MirrorImage) -> Option<String> {
+/// tag keeps "delete untagged" rules off the copy. An image by tag copies to the mirror's tag,
+/// which the mirror just said it lacks: the digest the container runs (`running`, from its
+/// status) when known, so that its next pull gets what it runs now, else the source's tag.
+pub(super) fn refill_command(
+    original: &str,
+    image: &MirrorImage,
+    running: Option<&str>,
+) -> Option<String> {
     let original = Reference::parse(original).ok()?;
-    let source = match (image.digest(), original.tag()) {
-        (Some(digest), _) => format!("{}@{digest}", original.name()),
-        (None, Some(tag)) => format!("{}:{tag}", original.name()),
-        (None, None) => original.as_str().to_string(),
+    let source = match (image.digest(), running, original.tag()) {
+        (Some(digest), _, _) | (None, Some(digest), _) => format!("{}@{digest}", original.name()),
+        (None, None, Some(tag)) => format!("{}:{tag}", original.name()),
+        (None, None, None) => original.as_str().to_string(),
     };
     let destination = match image.digest() {
         Some(digest) => own_tag(image.repository(), digest),

@@ -28,6 +28,7 @@ mod pull_secrets;
 mod reapply;
 mod record;
 mod report;
+mod running;
 #[cfg(test)]
 mod signed_tests;
 mod unmirrored;
