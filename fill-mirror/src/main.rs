@@ -8,6 +8,7 @@
 
 mod attached;
 mod board;
+mod credentials;
 mod leader;
 mod metrics;
 mod referrers;
@@ -136,15 +137,17 @@ struct Copying {
     /// How long one copy may take, in seconds.
     #[arg(long, default_value_t = 1800)]
     copy_timeout: u64,
+    #[command(flatten)]
+    access: credentials::AccessArgs,
 }
 
 impl Copying {
-    fn engine(&self) -> Skopeo {
-        Skopeo {
+    async fn engine(&self) -> anyhow::Result<Skopeo> {
+        Ok(Skopeo {
             binary: self.skopeo.clone(),
-            insecure: self.insecure,
+            access: Arc::new(credentials::Access::new(&self.access, self.insecure).await?),
             timeout: Duration::from_secs(self.copy_timeout),
-        }
+        })
     }
 
     fn referrers(&self) -> anyhow::Result<referrers::Referrers> {
@@ -352,7 +355,7 @@ async fn copy_once(
         board: Arc::new(Mutex::new(board)),
         metrics,
         health: Arc::new(Health::default()),
-        engine: copying.engine(),
+        engine: copying.engine().await?,
         referrers: copying.referrers()?,
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),
@@ -440,7 +443,7 @@ async fn watch(
         board,
         metrics,
         health,
-        engine: copying.engine(),
+        engine: copying.engine().await?,
         referrers: copying.referrers()?,
         jobs: copying.jobs.max(1),
         wake,
