@@ -251,7 +251,14 @@ struct Logins {
     path: PathBuf,
     gar: BTreeSet<String>,
     metadata: String,
-    tokens: tokio::sync::Mutex<(BTreeMap<String, Token>, Option<Vec<u8>>)>,
+    state: tokio::sync::Mutex<LoginState>,
+}
+
+/// The tokens got so far, and the auth file as last written.
+#[derive(Default)]
+struct LoginState {
+    tokens: BTreeMap<String, Token>,
+    written: Option<Vec<u8>>,
 }
 
 /// Registry access for skopeo.
@@ -349,7 +356,7 @@ impl Access {
                 path: folder.join("auth.json"),
                 gar: args.gar_registries.iter().cloned().collect(),
                 metadata: format!("http://{metadata}"),
-                tokens: tokio::sync::Mutex::new((BTreeMap::new(), None)),
+                state: tokio::sync::Mutex::new(LoginState::default()),
             });
             // The file exists before the first copy asks for it, with the user's entries.
             access.fresh(&[]).await.map_err(anyhow::Error::msg)?;
@@ -408,8 +415,8 @@ impl Access {
         let Some(logins) = &self.logins else {
             return Ok(());
         };
-        let mut state = logins.tokens.lock().await;
-        let (tokens, written) = &mut *state;
+        let mut state = logins.state.lock().await;
+        let LoginState { tokens, written } = &mut *state;
         let now = SystemTime::now();
         for host in hosts {
             let due = tokens.get(host).is_none_or(|token| token.refresh <= now);
