@@ -95,8 +95,9 @@ fn basic(user: &str, password: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
 }
 
-/// skopeo behind a script that keeps, at each run, the auth file it was handed (its mode and
-/// its content, before the binary's private folder is gone), then runs skopeo.
+/// skopeo behind a script that keeps, at each run, its arguments (a line in `seen/args`) and
+/// the auth file it was handed (its mode and its content, before the binary's private folder is
+/// gone), then runs skopeo.
 fn recording_skopeo(dir: &Path) -> (PathBuf, PathBuf) {
     let script = dir.join("skopeo");
     let seen = dir.join("seen");
@@ -104,7 +105,7 @@ fn recording_skopeo(dir: &Path) -> (PathBuf, PathBuf) {
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\nfor arg in \"$@\"; do\n  case $arg in --authfile=*)\n    file=${{arg#--authfile=}}\n    stat -c %a \"$file\" > '{seen}/mode'\n    cat \"$file\" > '{seen}/auth.json' ;;\n  esac\ndone\nexec skopeo \"$@\"\n",
+            "#!/bin/sh\necho \"$*\" >> '{seen}/args'\nfor arg in \"$@\"; do\n  case $arg in --authfile=*)\n    file=${{arg#--authfile=}}\n    stat -c %a \"$file\" > '{seen}/mode'\n    cat \"$file\" > '{seen}/auth.json' ;;\n  esac\ndone\nexec skopeo \"$@\"\n",
             seen = seen.display()
         ),
     )
@@ -441,10 +442,16 @@ fn sources_yaml_s_insecure_hosts_are_reached_over_plain_http_and_only_they() {
         dir.path(),
         &format!("insecure_sources:\n  - \"{}\"\n", far.host),
     );
+    let (skopeo, seen) = recording_skopeo(dir.path());
     let run = once(
         &pods,
         &settings,
-        &["--sources-path", &source_only.display().to_string()],
+        &[
+            "--sources-path",
+            &source_only.display().to_string(),
+            "--skopeo",
+            &skopeo.display().to_string(),
+        ],
         &[],
     );
     assert_eq!(run.code, Some(1), "{}", run.printed());
@@ -455,6 +462,19 @@ fn sources_yaml_s_insecure_hosts_are_reached_over_plain_http_and_only_they() {
         run.printed()
     );
     assert_eq!(mirror.digest_of("hub/app/web", "1"), None);
+    let args = std::fs::read_to_string(seen.join("args")).expect("skopeo's arguments");
+    let mirror_image = format!("docker://{}/", mirror.host);
+    let mirror_runs: Vec<&str> = args
+        .lines()
+        .filter(|line| line.contains(&mirror_image))
+        .collect();
+    assert!(
+        !mirror_runs.is_empty()
+            && mirror_runs.iter().all(|line| {
+                !line.contains("--tls-verify=false") && !line.contains("--dest-tls-verify=false")
+            }),
+        "the mirror is not in insecure_sources: verified TLS: {args}"
+    );
 
     let both = sources_yaml(
         dir.path(),
@@ -538,6 +558,7 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
 
     let ca_file = dir.path().join("mirror-ca.pem");
     std::fs::write(&ca_file, &ca).expect("CA file");
+    let (skopeo, seen) = recording_skopeo(dir.path());
     let with = sources_yaml(
         dir.path(),
         &format!(
@@ -550,7 +571,12 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
     let run = once(
         &pods,
         &settings,
-        &["--sources-path", &with.display().to_string()],
+        &[
+            "--sources-path",
+            &with.display().to_string(),
+            "--skopeo",
+            &skopeo.display().to_string(),
+        ],
         &[],
     );
     assert_eq!(run.code, Some(0), "{}", run.printed());
@@ -567,6 +593,23 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
             .any(|r| r.starts_with("PUT /v2/hub/app/web/manifests/")),
         "the copy went over TLS: {:?}",
         mirror.requests()
+    );
+    // Each host as sources.yaml says: the insecure source unverified, the mirror verified with
+    // its CA, nothing else.
+    let args = std::fs::read_to_string(seen.join("args")).expect("skopeo's arguments");
+    let copy = args
+        .lines()
+        .find(|line| line.starts_with("copy "))
+        .expect("a copy");
+    // skopeo's layout: a folder per host holding its ca.crt.
+    let mirror_ca = format!("/certs/{} ", mirror.host);
+    assert!(
+        copy.contains("--src-tls-verify=false")
+            && !copy.contains("--dest-tls-verify=false")
+            && !copy.contains("--src-cert-dir")
+            && copy.contains("--dest-cert-dir=")
+            && copy.contains(&mirror_ca),
+        "{copy}"
     );
 }
 
