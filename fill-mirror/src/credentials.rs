@@ -374,6 +374,21 @@ impl Access {
         Ok(())
     }
 
+    /// Whether `host` is asked over plain HTTP (or unverified TLS): `--insecure`, or named in
+    /// sources.yaml's `insecure_sources`.
+    pub fn plain_http(&self, host: &str) -> bool {
+        self.insecure || self.sources.insecure.contains(host)
+    }
+
+    /// The CA bundles sources.yaml's `source_authorities` gave, one file per host.
+    pub fn authorities(&self) -> Vec<PathBuf> {
+        self.sources
+            .cert_dirs
+            .values()
+            .map(|dir| dir.join("ca.crt"))
+            .collect()
+    }
+
     /// skopeo's options for `skopeo inspect` of `image`.
     pub fn inspect_args(&self, image: &str) -> Vec<String> {
         let host = host_of(image);

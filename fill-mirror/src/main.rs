@@ -150,8 +150,8 @@ impl Copying {
         })
     }
 
-    fn referrers(&self) -> anyhow::Result<referrers::Referrers> {
-        referrers::Referrers::new(self.insecure)
+    fn referrers(&self, engine: &Skopeo) -> anyhow::Result<referrers::Referrers> {
+        referrers::Referrers::new(engine.access.clone())
     }
 }
 
@@ -351,12 +351,13 @@ async fn copy_once(
     for (pod, record, created) in records {
         board.pod_seen(&pod, record, created);
     }
+    let engine = copying.engine().await?;
     let mut runner = Runner {
         board: Arc::new(Mutex::new(board)),
         metrics,
         health: Arc::new(Health::default()),
-        engine: copying.engine().await?,
-        referrers: copying.referrers()?,
+        referrers: copying.referrers(&engine)?,
+        engine,
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),
         client,
@@ -439,12 +440,13 @@ async fn watch(
         templates,
     };
     let watching = tokio::spawn(watcher.run());
+    let engine = copying.engine().await?;
     let mut runner = Runner {
         board,
         metrics,
         health,
-        engine: copying.engine().await?,
-        referrers: copying.referrers()?,
+        referrers: copying.referrers(&engine)?,
+        engine,
         jobs: copying.jobs.max(1),
         wake,
         client: Some(client),
