@@ -522,15 +522,19 @@ fn private_ca() -> (String, String, String) {
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
 
-/// sources.yaml's `source_authorities`: a mirror served over HTTPS with a certificate of a
-/// private CA is reached, TLS verified, with that CA (a `Path` entry), and refused without it.
+/// sources.yaml's `source_authorities`: a source and a mirror served over HTTPS with
+/// certificates of a private CA are reached, TLS verified, with that CA (a `Data` entry for one,
+/// a `Path` entry for the other), by skopeo and by the referrers client; refused without it.
 #[test]
 fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
-    let source = TestRegistry::start("cred-ca-src").expect("source registry");
+    let source_storage = TestRegistry::start("cred-ca-src").expect("source registry");
     let storage = TestRegistry::start("cred-ca-mirror").expect("mirror registry");
     let (ca, cert, key) = private_ca();
+    let source = source_storage
+        .tls_twin(&cert, &key)
+        .expect("the source over TLS");
     let mirror = storage.tls_twin(&cert, &key).expect("the mirror over TLS");
-    let digest = Image::new("ca", "linux/amd64").push(&source, "app/web", Some("1"));
+    let digest = Image::new("ca", "linux/amd64").push(&source_storage, "app/web", Some("1"));
     let dir = tempfile::tempdir().expect("dir");
     let (pods, settings) = inputs(
         dir.path(),
@@ -538,10 +542,7 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
         &[&format!("{}/app/web:1", source.host)],
     );
 
-    let without = sources_yaml(
-        dir.path(),
-        &format!("insecure_sources: [\"{}\"]\n", source.host),
-    );
+    let without = sources_yaml(dir.path(), "insecure_sources: []\n");
     let run = once(
         &pods,
         &settings,
@@ -562,10 +563,13 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
     let with = sources_yaml(
         dir.path(),
         &format!(
-            "insecure_sources: [\"{}\"]\nsource_authorities:\n  \"{}\":\n    - type: Path\n      path: {}\n",
-            source.host,
+            "insecure_sources: [\"unrelated.example:5000\"]\nsource_authorities:\n  \"{}\":\n    - type: Path\n      path: {}\n  \"{}\":\n    - type: Data\n      data: |\n{}",
             mirror.host,
-            ca_file.display()
+            ca_file.display(),
+            source.host,
+            ca.lines()
+                .map(|line| format!("        {line}\n"))
+                .collect::<String>()
         ),
     );
     let run = once(
@@ -594,8 +598,8 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
         "the copy went over TLS: {:?}",
         mirror.requests()
     );
-    // Each host as sources.yaml says: the insecure source unverified, the mirror verified with
-    // its CA, nothing else.
+    // Each host as sources.yaml says: both verified, each with its own CA folder; another
+    // host's insecure entry changes nothing for them.
     let args = std::fs::read_to_string(seen.join("args")).expect("skopeo's arguments");
     let copy = args
         .lines()
@@ -603,10 +607,11 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
         .expect("a copy");
     // skopeo's layout: a folder per host holding its ca.crt.
     let mirror_ca = format!("/certs/{} ", mirror.host);
+    let source_ca = format!("/certs/{} ", source.host);
     assert!(
-        copy.contains("--src-tls-verify=false")
-            && !copy.contains("--dest-tls-verify=false")
-            && !copy.contains("--src-cert-dir")
+        !copy.contains("tls-verify=false")
+            && copy.contains("--src-cert-dir=")
+            && copy.contains(&source_ca)
             && copy.contains("--dest-cert-dir=")
             && copy.contains(&mirror_ca),
         "{copy}"
