@@ -8,6 +8,7 @@
 
 mod attached;
 mod board;
+mod credentials;
 mod leader;
 mod metrics;
 mod referrers;
@@ -136,19 +137,21 @@ struct Copying {
     /// How long one copy may take, in seconds.
     #[arg(long, default_value_t = 1800)]
     copy_timeout: u64,
+    #[command(flatten)]
+    access: credentials::AccessArgs,
 }
 
 impl Copying {
-    fn engine(&self) -> Skopeo {
-        Skopeo {
+    async fn engine(&self) -> anyhow::Result<Skopeo> {
+        Ok(Skopeo {
             binary: self.skopeo.clone(),
-            insecure: self.insecure,
+            access: Arc::new(credentials::Access::new(&self.access, self.insecure).await?),
             timeout: Duration::from_secs(self.copy_timeout),
-        }
+        })
     }
 
-    fn referrers(&self) -> anyhow::Result<referrers::Referrers> {
-        referrers::Referrers::new(self.insecure)
+    fn referrers(&self, engine: &Skopeo) -> anyhow::Result<referrers::Referrers> {
+        referrers::Referrers::new(engine.access.clone())
     }
 }
 
@@ -348,12 +351,13 @@ async fn copy_once(
     for (pod, record, created) in records {
         board.pod_seen(&pod, record, created);
     }
+    let engine = copying.engine().await?;
     let mut runner = Runner {
         board: Arc::new(Mutex::new(board)),
         metrics,
         health: Arc::new(Health::default()),
-        engine: copying.engine(),
-        referrers: copying.referrers()?,
+        referrers: copying.referrers(&engine)?,
+        engine,
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),
         client,
@@ -436,12 +440,13 @@ async fn watch(
         templates,
     };
     let watching = tokio::spawn(watcher.run());
+    let engine = copying.engine().await?;
     let mut runner = Runner {
         board,
         metrics,
         health,
-        engine: copying.engine(),
-        referrers: copying.referrers()?,
+        referrers: copying.referrers(&engine)?,
+        engine,
         jobs: copying.jobs.max(1),
         wake,
         client: Some(client),

@@ -5,6 +5,7 @@
 //! Anonymous, as skopeo's pull of a public image is: a registry that asks for a token
 //! (`WWW-Authenticate: Bearer realm=…`) gets one from its realm without credentials.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +14,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+
+use crate::credentials::Access;
 
 /// What the index's `Accept` asks for: the referrers API answers with an OCI image index.
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -34,29 +37,54 @@ struct Answer {
 #[derive(Clone)]
 pub struct Referrers {
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
-    /// Plain HTTP (`--insecure`, as skopeo's `--tls-verify=false` falls back to it).
-    insecure: bool,
+    /// Which hosts are asked over plain HTTP (`--insecure`, sources.yaml's `insecure_sources`,
+    /// as skopeo's `--tls-verify=false` falls back to it).
+    access: Arc<Access>,
 }
 
 impl std::fmt::Debug for Referrers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Referrers")
-            .field("insecure", &self.insecure)
+            .field("access", &self.access)
             .finish()
     }
 }
 
 impl Referrers {
-    pub fn new(insecure: bool) -> anyhow::Result<Referrers> {
+    /// The system's roots, and sources.yaml's authorities (for any host: the client is one).
+    pub fn new(access: Arc<Access>) -> anyhow::Result<Referrers> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+        for bundle in access.authorities() {
+            for cert in CertificateDer::pem_file_iter(&bundle)
+                .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?
+            {
+                let cert =
+                    cert.map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
+            }
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|error| anyhow::anyhow!("TLS: {error}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(rustls::crypto::ring::default_provider())
-            .map_err(|error| anyhow::anyhow!("the system's root certificates: {error}"))?
+            .with_tls_config(config)
             .https_or_http()
             .enable_http1()
             .build();
         Ok(Referrers {
             client: Client::builder(TokioExecutor::new()).build(connector),
-            insecure,
+            access,
         })
     }
 
@@ -76,7 +104,11 @@ impl Referrers {
         } else {
             host
         };
-        let scheme = if self.insecure { "http" } else { "https" };
+        let scheme = if self.access.plain_http(host) {
+            "http"
+        } else {
+            "https"
+        };
         let origin = format!("{scheme}://{host}");
         let mut url = format!("{origin}/v2/{path}/referrers/{digest}");
         let mut token = None;

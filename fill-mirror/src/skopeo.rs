@@ -4,12 +4,14 @@
 //! run, since anything else could be a tag that exists, which a copy would move. A signature
 //! tag is the exception (`attached.rs`): it follows its source.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use image_swapper_policy::pod::fill::Copy;
 use tokio::process::Command;
 
 use crate::board::Outcome;
+use crate::credentials::Access;
 
 /// What registries answer for a manifest or a repository that does not exist (skopeo prints the
 /// error's code, then the registry's message): distribution's "manifest unknown" and "name
@@ -68,8 +70,8 @@ fn last_line(words: &str) -> String {
 #[derive(Clone, Debug)]
 pub struct Skopeo {
     pub binary: String,
-    /// Plain HTTP and unverified TLS for every registry (`--insecure`).
-    pub insecure: bool,
+    /// Credentials and TLS per registry (`--insecure`, `--auth-file`, sources.yaml, tokens).
+    pub access: Arc<Access>,
     /// How long one skopeo run may take.
     pub timeout: Duration,
 }
@@ -113,9 +115,7 @@ impl Skopeo {
     /// cannot tell.
     pub async fn manifest(&self, image: &str) -> Result<Option<Vec<u8>>, String> {
         let mut args = vec!["inspect".to_string(), "--raw".to_string()];
-        if self.insecure {
-            args.push("--tls-verify=false".to_string());
-        }
+        args.extend(self.access.inspect_args(image));
         args.push(format!("docker://{image}"));
         match self.run(&args).await {
             Ok(bytes) => Ok(Some(bytes)),
@@ -127,15 +127,15 @@ impl Skopeo {
     /// Copies `source` to `destination` whatever the destination holds: for what follows its
     /// source (a signature tag) or cannot differ (a reference by digest).
     pub async fn copy_over(&self, source: &str, destination: &str) -> Outcome {
+        if let Err(error) = self.access.prepare(source, destination).await {
+            return Outcome::Failed(error);
+        }
         let mut args = vec![
             "copy".to_string(),
             "--all".to_string(),
             "--preserve-digests".to_string(),
         ];
-        if self.insecure {
-            args.push("--src-tls-verify=false".to_string());
-            args.push("--dest-tls-verify=false".to_string());
-        }
+        args.extend(self.access.copy_args(source, destination));
         args.push(format!("docker://{source}"));
         args.push(format!("docker://{destination}"));
         match self.run(&args).await {
@@ -150,6 +150,9 @@ impl Skopeo {
 
     /// Makes one copy unless its destination exists.
     pub async fn copy(&self, copy: &Copy) -> Outcome {
+        if let Err(error) = self.access.prepare(&copy.source, &copy.destination).await {
+            return Outcome::Failed(error);
+        }
         match self.inspect(&copy.destination).await {
             Presence::Exists => return Outcome::Present,
             Presence::Absent => {}

@@ -14,6 +14,13 @@ pub mod proxy;
 #[path = "../../../tests/rig/referrers.rs"]
 pub mod referrers;
 
+// ECR's API (moto) and registry endpoint: the policy's rig, by path.
+#[path = "../../../tests/rig/ecr.rs"]
+pub mod ecr;
+
+#[path = "../../../tests/rig/front.rs"]
+pub mod front;
+
 pub mod plane;
 
 use std::path::Path;
