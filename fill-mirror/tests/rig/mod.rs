@@ -8,6 +8,13 @@ pub mod registry;
 #[path = "../../../tests/rig/images.rs"]
 pub mod images;
 
+/// The rig's network delay in front of a registry (`LatencyProxy::network`), for the bench.
+#[path = "../../../tests/rig/proxy.rs"]
+pub mod proxy;
+
+pub mod alerts;
+pub mod api_proxy;
+pub mod check;
 pub mod plane;
 
 use std::path::Path;
