@@ -836,7 +836,11 @@ fn managed_prometheus_rules_are_the_prometheus_rules_alerts() {
         );
         for own in given.iter().filter(|a| !in_base(a)) {
             assert!(
-                !renders_fill_mirror || !own["expr"].as_str().unwrap_or_default().contains("kube_pod_labels"),
+                !renders_fill_mirror
+                    || !own["expr"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains("kube_pod_labels"),
                 "{place}: {}: fill-mirror runs here; its own alerts replace kube-state-metrics' kept Pods",
                 own["alert"]
             );

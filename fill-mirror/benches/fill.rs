@@ -69,7 +69,13 @@ impl Chain {
             .map(|a| a.port())
             .expect("a free port");
         let watch = fill_mirror()
-            .args(["watch", "--insecure", "--no-election", "--log-format", "text"])
+            .args([
+                "watch",
+                "--insecure",
+                "--no-election",
+                "--log-format",
+                "text",
+            ])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", &plane.kubeconfig)
             .stdout(Stdio::null())
@@ -211,7 +217,9 @@ fn main() {
     let landed = until(120, || chain.in_mirror("app/crowd")).expect("app/crowd in the mirror");
     let marked = until(120, || chain.recorded_left() == 0).expect("every crowd Pod marked");
     let copies = chain.copied() - copied_before;
-    println!("\n| Pods asking for one image | copies made | in the mirror | all marked | marks after the copy |");
+    println!(
+        "\n| Pods asking for one image | copies made | in the mirror | all marked | marks after the copy |"
+    );
     println!("|---:|---:|---:|---:|---:|");
     println!(
         "| {} | {copies} | {} | {} | {} |",

@@ -150,8 +150,18 @@ fn report_resources() -> [ApiResource; 4] {
     };
     [
         kind("openreports.io", "v1alpha1", "Report", "reports"),
-        kind("openreports.io", "v1alpha1", "ClusterReport", "clusterreports"),
-        kind("wgpolicyk8s.io", "v1alpha2", "PolicyReport", "policyreports"),
+        kind(
+            "openreports.io",
+            "v1alpha1",
+            "ClusterReport",
+            "clusterreports",
+        ),
+        kind(
+            "wgpolicyk8s.io",
+            "v1alpha2",
+            "PolicyReport",
+            "policyreports",
+        ),
         kind(
             "wgpolicyk8s.io",
             "v1alpha2",
@@ -209,7 +219,11 @@ pub fn reports_from_files(paths: &[String]) -> anyhow::Result<Vec<Value>> {
 /// The copies the check policy's `fail` results name (an `error` is an image it could not
 /// check, and carries no finding), each checked by the policy crate as the check role writes
 /// it; and one note for each copy refused or report not well formed, none of it run.
-pub fn report_copies(reports: &[Value], ids: &[String], policy: &Policy) -> (Vec<Copy>, Vec<String>) {
+pub fn report_copies(
+    reports: &[Value],
+    ids: &[String],
+    policy: &Policy,
+) -> (Vec<Copy>, Vec<String>) {
     let mut copies = Vec::new();
     let mut notes = Vec::new();
     for report in reports {
@@ -239,7 +253,10 @@ pub fn report_copies(reports: &[Value], ids: &[String], policy: &Policy) -> (Vec
             continue;
         };
         for (i, result) in results.iter().enumerate() {
-            let id = result.get("policy").and_then(Value::as_str).unwrap_or_default();
+            let id = result
+                .get("policy")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             if !ids.iter().any(|own| own == id)
                 || result.get("result").and_then(Value::as_str) != Some("fail")
             {

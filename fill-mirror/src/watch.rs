@@ -327,12 +327,19 @@ impl Watch {
         let reports = match reports_from_cluster(&self.client).await {
             Ok(reports) => reports,
             Err(error) => {
-                tracing::warn!(error = format!("{error:#}"), "cannot read the check role's reports; again next period");
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot read the check role's reports; again next period"
+                );
                 return;
             }
         };
         let (copies, notes) = report_copies(&reports, ids, policy);
-        tracing::info!(reports = reports.len(), copies = copies.len(), "read the check role's reports");
+        tracing::info!(
+            reports = reports.len(),
+            copies = copies.len(),
+            "read the check role's reports"
+        );
         for note in notes {
             if known.noted.insert(note.clone()) {
                 self.metrics.counted("refused");

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use rig::api_proxy::ApiProxy;
 use rig::images::Image;
 use rig::plane::{ControlPlane, find_tools};
 use rig::registry::TestRegistry;
-use rig::api_proxy::ApiProxy;
 use rig::{alerts, fill_mirror, policy, recorded_pod, settings};
 use serde_json::Value;
 
@@ -197,8 +197,13 @@ fn a_recorded_pod_is_filled_and_marked_and_the_missing_gauge_rises_then_falls() 
     // the mirror's registry.
     let (_, lacking) = watch.get("/metrics").expect("/metrics");
     let registry = serde_json::json!({"registry": cluster.mirror.host});
-    alerts::after_scrapes(&lacking, 35, "ImageSwapperMirrorLacksImages", Some(registry))
-        .unwrap_or_else(|said| panic!("on\n{lacking}\npromtool: {said}"));
+    alerts::after_scrapes(
+        &lacking,
+        35,
+        "ImageSwapperMirrorLacksImages",
+        Some(registry),
+    )
+    .unwrap_or_else(|said| panic!("on\n{lacking}\npromtool: {said}"));
 
     cluster.mirror.resume().expect("the mirror back");
     assert!(
@@ -526,7 +531,8 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
 
     let _watch = Watch::start_with(&cluster.plane, &["--period", "2"]);
     assert!(
-        eventually(60, || cluster.mirror.digest_of("hub/app/web", "2") == Some(web.clone())),
+        eventually(60, || cluster.mirror.digest_of("hub/app/web", "2")
+            == Some(web.clone())),
         "the PolicyReport's copy is not in the mirror"
     );
     let cluster_wide = check_report("ClusterPolicyReport", "uid-db", &copy("app/db:3"));
@@ -534,7 +540,8 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
         .plane
         .kubectl(&["create", "-f", "-"], Some(&cluster_wide.to_string()));
     assert!(
-        eventually(60, || cluster.mirror.digest_of("hub/app/db", "3") == Some(db.clone())),
+        eventually(60, || cluster.mirror.digest_of("hub/app/db", "3")
+            == Some(db.clone())),
         "the ClusterPolicyReport's copy is not in the mirror"
     );
 }
@@ -555,8 +562,7 @@ fn a_watch_expired_by_a_compaction_lists_again_and_misses_nothing() {
         return;
     };
     Image::new("before", "linux/amd64").push(&cluster.source, "app/before", Some("1"));
-    let during =
-        Image::new("during", "linux/amd64").push(&cluster.source, "app/during", Some("1"));
+    let during = Image::new("during", "linux/amd64").push(&cluster.source, "app/during", Some("1"));
     let dir = tempfile::tempdir().expect("a temporary folder");
     let proxy = ApiProxy::start(cluster.plane.api_port());
     let kubeconfig = dir.path().join("proxied.kubeconfig");
@@ -597,9 +603,10 @@ fn a_watch_expired_by_a_compaction_lists_again_and_misses_nothing() {
     );
     let log = log_of(&log);
     assert!(
-        log.lines()
-            .any(|line| line.contains("the watch of the recorded Pods failed")
-                && line.contains("too old")),
+        log.lines().any(
+            |line| line.contains("the watch of the recorded Pods failed")
+                && line.contains("too old")
+        ),
         "the Pods' watch's resume was not refused as expired (410): {log}"
     );
 }

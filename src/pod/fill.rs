@@ -404,17 +404,23 @@ mod tests {
     #[case::a_digest_over_a_tag(
         "docker.io/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         "m.io/hub/library/web:2",
-        Some("a copy by digest goes to the digest's own tag sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, not 2")
+        Some(
+            "a copy by digest goes to the digest's own tag sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, not 2"
+        )
     )]
     #[case::elsewhere(
         "docker.io/library/web:2",
         "evil.io/library/web:2",
-        Some("the settings route docker.io/library/web to m.io/hub/library/web or us.m.io/hub/library/web, not evil.io/library/web")
+        Some(
+            "the settings route docker.io/library/web to m.io/hub/library/web or us.m.io/hub/library/web, not evil.io/library/web"
+        )
     )]
     #[case::excluded(
         "docker.io/library/busybox:1",
         "m.io/hub/library/busybox:1",
-        Some("no rule of the settings routes docker.io/library/busybox:1 to a mirror (unmatched, excluded, or a mirror image itself)")
+        Some(
+            "no rule of the settings routes docker.io/library/busybox:1 to a mirror (unmatched, excluded, or a mirror image itself)"
+        )
     )]
     #[case::not_normal(
         "web:2",
@@ -424,7 +430,9 @@ mod tests {
     #[case::no_tag(
         "docker.io/library/web:2",
         "m.io/hub/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        Some("its destination m.io/hub/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef is not a repository and a tag")
+        Some(
+            "its destination m.io/hub/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef is not a repository and a tag"
+        )
     )]
     fn a_report_s_copy_is_checked_as_the_policy_writes_it(
         #[case] source: &str,

@@ -131,7 +131,10 @@ fn connect(state: &Arc<State>, client: TcpStream, server: TcpStream) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     let delay = Duration::from_millis(reader_state.delay_ms.load(Ordering::SeqCst));
-                    if due.send((Instant::now() + delay, buffer[..n].to_vec())).is_err() {
+                    if due
+                        .send((Instant::now() + delay, buffer[..n].to_vec()))
+                        .is_err()
+                    {
                         break;
                     }
                 }

@@ -37,9 +37,9 @@ impl Registry for Loopback {
                 .header("Docker-Content-Digest")
                 .map(str::to_string)
                 .ok_or_else(|| LookupError::Failed(format!("{url}: no Docker-Content-Digest"))),
-            Err(ureq::Error::Status(404, _)) => Err(LookupError::Absent(format!(
-                "{image}: manifest unknown"
-            ))),
+            Err(ureq::Error::Status(404, _)) => {
+                Err(LookupError::Absent(format!("{image}: manifest unknown")))
+            }
             Err(error) => Err(LookupError::Failed(format!("{url}: {error}"))),
         }
     }
@@ -55,7 +55,9 @@ impl Registry for Loopback {
         image: &str,
         _verification: &Verification<'_>,
     ) -> Result<String, LookupError> {
-        Err(LookupError::Failed(format!("{image}: this rig does not verify")))
+        Err(LookupError::Failed(format!(
+            "{image}: this rig does not verify"
+        )))
     }
 }
 
