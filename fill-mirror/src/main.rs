@@ -89,6 +89,14 @@ enum Mode {
     },
 }
 
+/// What the watch follows besides the recorded Pods and the settings.
+struct Follow {
+    /// The workload templates.
+    templates: bool,
+    /// The check role's reports, each period: its policy.
+    reports: Option<Check>,
+}
+
 /// The watch's periods.
 struct Timing {
     retry: Duration,
@@ -213,8 +221,10 @@ fn main() -> ExitCode {
                     copying,
                     listen,
                     timing,
-                    !no_templates,
-                    (!no_reports).then_some(check),
+                    Follow {
+                        templates: !no_templates,
+                        reports: (!no_reports).then_some(check),
+                    },
                     election,
                 )
                 .await
@@ -407,8 +417,7 @@ async fn watch(
     copying: Copying,
     listen: String,
     timing: Timing,
-    templates: bool,
-    check: Option<Check>,
+    follow: Follow,
     election: Election,
 ) -> anyhow::Result<u8> {
     let client = source::client().await?;
@@ -460,8 +469,10 @@ async fn watch(
         metrics: metrics.clone(),
         health: health.clone(),
         wake: wake.clone(),
-        templates,
-        check_policy_ids: check.map(|check| source::check_policy_ids(&check.check_policy)),
+        templates: follow.templates,
+        check_policy_ids: follow
+            .reports
+            .map(|check| source::check_policy_ids(&check.check_policy)),
         period: timing.period,
     };
     let watching = tokio::spawn(watcher.run());
