@@ -98,22 +98,24 @@ lint:
 target/floor-policy.wasm: bench/floor-policy/src/lib.rs bench/floor-policy/Cargo.toml Cargo.lock
 	scripts/build-wasm.sh floor-policy $@
 
-# BENCH_ONLY=fill-watch: the watch mode's time to mirror alone (tests/fill_watch.rs
-# time_to_mirror), from the test build: its time is skopeo's and the script's, so it needs no
-# release build of the harness.
-ifeq ($(BENCH_ONLY),fill-watch)
-bench: deps policy.wasm
-	$(CARGO) test --locked --test fill_watch -- --ignored --nocapture time_to_mirror
+# fill-mirror's figures (fill-mirror/benches/fill.rs: the real kube-apiserver, skopeo, registries
+# on loopback) run on the test build: their time is skopeo's, the API server's and the
+# registries', not the binary's own work, so they need no release build of kube and tokio.
+# BENCH_ONLY=fill-mirror: those figures alone.
+ifeq ($(BENCH_ONLY),fill-mirror)
+bench: deps tools
+	$(CARGO) test --locked -p fill-mirror --bench fill
 else ifeq ($(BENCH_QUICK),1)
 # BENCH_QUICK=1: every table of the admission benchmark, 3 runs a row, built as the tests are
 # (the test profile, no second, LTO build of wasmtime): CI's proof that the benchmark runs to
 # its end. Its figures are not the release build's; the docs quote `make bench`.
-bench: deps policy.wasm target/floor-policy.wasm
+bench: deps tools policy.wasm target/floor-policy.wasm
 	BENCH_QUICK=1 $(CARGO) test --locked --bench admission
+	BENCH_QUICK=1 $(CARGO) test --locked -p fill-mirror --bench fill
 else
-bench: deps policy.wasm target/floor-policy.wasm
+bench: deps tools policy.wasm target/floor-policy.wasm
 	$(CARGO) bench --locked --bench admission
-	$(CARGO) test --locked --test fill_watch -- --ignored --nocapture time_to_mirror
+	$(CARGO) test --locked -p fill-mirror --bench fill
 endif
 
 # make push REGISTRY=registry://ghcr.io/ORG/policies/image-swapper:v0.1.0

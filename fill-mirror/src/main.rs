@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use image_swapper_policy::policy::Policy;
 use tokio::sync::Notify;
 
 use board::{Backoff, Board};
@@ -83,9 +82,22 @@ enum Mode {
         /// ReplicaSets, Jobs, CronJobs); fill only what Pods' records ask for.
         #[arg(long)]
         no_templates: bool,
+        /// Do not read the check role's reports each period.
+        #[arg(long)]
+        no_reports: bool,
+        #[command(flatten)]
+        check: Check,
         #[command(flatten)]
         election: Election,
     },
+}
+
+/// What the watch follows besides the recorded Pods and the settings.
+struct Follow {
+    /// The workload templates.
+    templates: bool,
+    /// The check role's reports, each period: its policy.
+    reports: Option<Check>,
 }
 
 /// The watch's periods.
@@ -121,6 +133,20 @@ struct Input {
     /// Pods from `kubectl get pods -o json` output instead of the cluster.
     #[arg(long)]
     pods: Vec<String>,
+    /// The check role's reports from `kubectl get policyreports -o json` (or reports, or
+    /// clusterpolicyreports) output instead of the cluster.
+    #[arg(long)]
+    reports: Vec<String>,
+    #[command(flatten)]
+    check: Check,
+}
+
+#[derive(Args, Clone)]
+struct Check {
+    /// The check role's ClusterAdmissionPolicy, whose `fail` results in the reports name the
+    /// copies it asks for (read under both ids: clusterwide-NAME and kw.cap.NAME).
+    #[arg(long, default_value = "image-swapper-check")]
+    check_policy: String,
 }
 
 #[derive(Args, Clone)]
@@ -190,6 +216,8 @@ fn main() -> ExitCode {
                 retry,
                 period,
                 no_templates,
+                no_reports,
+                check,
                 election,
             } => {
                 let timing = Timing {
@@ -202,7 +230,10 @@ fn main() -> ExitCode {
                     copying,
                     listen,
                     timing,
-                    !no_templates,
+                    Follow {
+                        templates: !no_templates,
+                        reports: (!no_reports).then_some(check),
+                    },
                     election,
                 )
                 .await
@@ -218,28 +249,40 @@ fn main() -> ExitCode {
     }
 }
 
-/// The records and the client they came from (none when read from files).
-async fn read(
-    input: &Input,
-) -> anyhow::Result<(
-    Policy,
-    Vec<(
-        String,
-        image_swapper_policy::pod::fill::FillRecord,
-        Option<std::time::SystemTime>,
-    )>,
-    Option<kube::Client>,
-)> {
-    if !input.pods.is_empty() {
+type Records = Vec<(
+    String,
+    image_swapper_policy::pod::fill::FillRecord,
+    Option<std::time::SystemTime>,
+)>;
+
+/// What one pass reads: the Pods' records, the copies the check role's reports name (and the
+/// notes of what they name that is refused), and the client they came from (none when read
+/// from files).
+struct Read {
+    records: Records,
+    report_copies: Vec<image_swapper_policy::pod::fill::Copy>,
+    report_notes: Vec<String>,
+    client: Option<kube::Client>,
+}
+
+async fn read(input: &Input) -> anyhow::Result<Read> {
+    let ids = source::check_policy_ids(&input.check.check_policy);
+    if !input.pods.is_empty() || !input.reports.is_empty() {
         let Some(settings) = &input.settings else {
             anyhow::bail!(
-                "--pods needs --settings (the swapping policy's settings) to check their copies"
+                "--pods and --reports need --settings (the swapping policy's settings) to check their copies"
             );
         };
         let policy = source::policy_from_file(settings)?;
         let pods = source::pods_from_files(&input.pods)?;
-        let records = source::records(&pods, &policy);
-        return Ok((policy, records, None));
+        let reports = source::reports_from_files(&input.reports)?;
+        let (report_copies, report_notes) = source::report_copies(&reports, &ids, &policy);
+        return Ok(Read {
+            records: source::records(&pods, &policy),
+            report_copies,
+            report_notes,
+            client: None,
+        });
     }
     let client = source::client().await?;
     let policy = match &input.settings {
@@ -247,31 +290,41 @@ async fn read(
         None => source::policy_from_cluster(&client, &input.swap_policy).await?,
     };
     let pods = source::pods_from_cluster(&client).await?;
-    let records = source::records(&pods, &policy);
-    Ok((policy, records, Some(client)))
+    let reports = source::reports_from_cluster(&client).await?;
+    let (report_copies, report_notes) = source::report_copies(&reports, &ids, &policy);
+    Ok(Read {
+        records: source::records(&pods, &policy),
+        report_copies,
+        report_notes,
+        client: Some(client),
+    })
 }
 
-fn notes(
-    records: &[(
-        String,
-        image_swapper_policy::pod::fill::FillRecord,
-        Option<std::time::SystemTime>,
-    )],
-) -> usize {
+/// Logs every note once; how many there were.
+fn notes(read: &Read) -> usize {
     let mut count = 0;
-    for (pod, record, _) in records {
+    for (pod, record, _) in &read.records {
         for note in &record.notes {
             tracing::warn!(%pod, "{note}");
             count += 1;
         }
     }
+    for note in &read.report_notes {
+        tracing::warn!("{note}");
+        count += 1;
+    }
     count
 }
 
 async fn list(input: Input) -> anyhow::Result<u8> {
-    let (_, records, _) = read(&input).await?;
-    let refused = notes(&records);
-    let copies = source::copies(&records);
+    let read = read(&input).await?;
+    let refused = notes(&read);
+    let mut copies = source::copies(&read.records);
+    for copy in &read.report_copies {
+        if !copies.iter().any(|c| c.destination == copy.destination) {
+            copies.push(copy.clone());
+        }
+    }
     for copy in &copies {
         println!("{copy}");
     }
@@ -285,7 +338,8 @@ async fn list(input: Input) -> anyhow::Result<u8> {
 }
 
 async fn once(input: Input, copying: Copying, election: Election) -> anyhow::Result<u8> {
-    let (_, records, client) = read(&input).await?;
+    let read = read(&input).await?;
+    let client = read.client.clone();
     // From the cluster, the run takes the watch's Lease, so that no copy is made beside a
     // watch replica that copies the same.
     let elector = match &client {
@@ -323,7 +377,7 @@ async fn once(input: Input, copying: Copying, election: Election) -> anyhow::Res
             }
         })
     });
-    let status = copy_once(records, client, copying).await;
+    let status = copy_once(read, copying).await;
     if let Some(renewing) = renewing {
         renewing.abort();
     }
@@ -333,24 +387,18 @@ async fn once(input: Input, copying: Copying, election: Election) -> anyhow::Res
     status
 }
 
-async fn copy_once(
-    records: Vec<(
-        String,
-        image_swapper_policy::pod::fill::FillRecord,
-        Option<std::time::SystemTime>,
-    )>,
-    client: Option<kube::Client>,
-    copying: Copying,
-) -> anyhow::Result<u8> {
-    let refused = notes(&records);
+async fn copy_once(read: Read, copying: Copying) -> anyhow::Result<u8> {
+    let refused = notes(&read);
     let metrics = Arc::new(Metrics::default());
     for _ in 0..refused {
         metrics.counted("refused");
     }
     let mut board = Board::new(Backoff::default(), false);
-    for (pod, record, created) in records {
+    for (pod, record, created) in read.records {
         board.pod_seen(&pod, record, created);
     }
+    // A report's copies have no Pod record to mark: they are filled as a template's are.
+    board.template_seen(watch::REPORTS, read.report_copies);
     let engine = copying.engine().await?;
     let mut runner = Runner {
         board: Arc::new(Mutex::new(board)),
@@ -360,7 +408,7 @@ async fn copy_once(
         engine,
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),
-        client,
+        client: read.client,
         leading: None,
         period: Duration::MAX,
         totals: Totals::default(),
@@ -385,7 +433,7 @@ async fn watch(
     copying: Copying,
     listen: String,
     timing: Timing,
-    templates: bool,
+    follow: Follow,
     election: Election,
 ) -> anyhow::Result<u8> {
     let client = source::client().await?;
@@ -437,7 +485,11 @@ async fn watch(
         metrics: metrics.clone(),
         health: health.clone(),
         wake: wake.clone(),
-        templates,
+        templates: follow.templates,
+        check_policy_ids: follow
+            .reports
+            .map(|check| source::check_policy_ids(&check.check_policy)),
+        period: timing.period,
     };
     let watching = tokio::spawn(watcher.run());
     let engine = copying.engine().await?;

@@ -28,6 +28,9 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// The `result` label's values of `fill_mirror_copies_total`.
+pub const RESULTS: [&str; 5] = ["copied", "present", "gone", "failed", "refused"];
+
 pub struct Metrics {
     /// Images recorded Pods name and the mirror lacks, by target registry.
     pub missing_images: Family<RegistryLabel, Gauge>,
@@ -98,6 +101,14 @@ impl Default for Metrics {
             "1 when this replica copies and marks",
             metrics.leader.clone(),
         );
+        // Every result exported from the start, at 0: a counter that appears at 1 shows no
+        // increase() to Prometheus, so the alerts on a first failure or a first gone source
+        // would miss it.
+        for result in RESULTS {
+            let _ = metrics.copies.get_or_create(&ResultLabel {
+                result: result.to_string(),
+            });
+        }
         metrics
     }
 }
@@ -220,6 +231,8 @@ mod tests {
         let text = metrics.encode();
         for line in [
             "fill_mirror_copies_total{result=\"copied\"} 1",
+            "fill_mirror_copies_total{result=\"gone\"} 0",
+            "fill_mirror_copies_total{result=\"failed\"} 0",
             "fill_mirror_missing_images{registry=\"m.io\"} 3",
             "fill_mirror_queue_depth 0",
             "fill_mirror_leader 0",

@@ -1,7 +1,8 @@
 //! The watch mode: follows the Pods that carry the record and the swapping policy's
 //! ClusterAdmissionPolicy with kube-runtime's watcher (its list, resume from the last
 //! resourceVersion, relist on 410 and backoff), and puts every record on the board, read against
-//! the settings in force; a change of the settings reads every record again at once.
+//! the settings in force; a change of the settings reads every record again at once. Each period
+//! it also reads the check role's reports and fills what their findings name.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
@@ -27,7 +28,10 @@ use tokio::sync::Notify;
 use crate::board::Board;
 use crate::metrics::{Health, Metrics};
 use crate::runner::lock;
-use crate::source::{created, policy_from_document, policy_resource, record_selector};
+use crate::source::{
+    created, policy_from_document, policy_resource, record_selector, report_copies,
+    reports_from_cluster,
+};
 
 pub struct Watch {
     pub client: Client,
@@ -40,7 +44,15 @@ pub struct Watch {
     pub wake: Arc<Notify>,
     /// Also follow the workload templates, to fill the mirror ahead of their first Pods.
     pub templates: bool,
+    /// The check role's ids in the reports' results; none: the reports are not read.
+    pub check_policy_ids: Option<Vec<String>>,
+    /// How often the reports are read.
+    pub period: std::time::Duration,
 }
+
+/// The board's key of the copies the check role's reports name: filled as a template's are
+/// (there is no Pod record to mark), and replaced at each reading.
+pub const REPORTS: &str = "Reports/check-role";
 
 /// What a workload template watch says: its images, keyed `Kind/namespace/name`.
 enum TemplateEvent {
@@ -159,8 +171,14 @@ impl Watch {
             futures::stream::pending().boxed()
         };
         let (mut pods, mut policies) = (pods, policies);
+        // The first tick is at once: the reports are read as soon as the settings are in.
+        let mut reports_due = tokio::time::interval(self.period);
+        reports_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = reports_due.tick(), if self.check_policy_ids.is_some() && known.policy.is_some() => {
+                    self.read_reports(&mut known).await;
+                }
                 Some(event) = pods.next() => match event {
                     Ok(event) => {
                         self.metrics.synced();
@@ -297,6 +315,39 @@ impl Watch {
             .filter_map(|image| copy_for(image, policy))
             .collect();
         lock(&self.board).template_seen(key, copies);
+    }
+
+    /// Reads the check role's reports and puts the copies their `fail` results name on the
+    /// board, checked against the settings in force; a note for each refused, logged once.
+    async fn read_reports(&self, known: &mut Known) {
+        let (Some(policy), Some(ids)) = (known.policy.as_ref(), self.check_policy_ids.as_ref())
+        else {
+            return;
+        };
+        let reports = match reports_from_cluster(&self.client).await {
+            Ok(reports) => reports,
+            Err(error) => {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot read the check role's reports; again next period"
+                );
+                return;
+            }
+        };
+        let (copies, notes) = report_copies(&reports, ids, policy);
+        tracing::info!(
+            reports = reports.len(),
+            copies = copies.len(),
+            "read the check role's reports"
+        );
+        for note in notes {
+            if known.noted.insert(note.clone()) {
+                self.metrics.counted("refused");
+                tracing::warn!("{note}");
+            }
+        }
+        lock(&self.board).template_seen(REPORTS, copies);
+        self.wake.notify_one();
     }
 
     /// Puts a Pod's record on the board, read against the settings in force.

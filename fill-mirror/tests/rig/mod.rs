@@ -21,6 +21,9 @@ pub mod ecr;
 #[path = "../../../tests/rig/front.rs"]
 pub mod front;
 
+pub mod alerts;
+pub mod api_proxy;
+pub mod check;
 pub mod plane;
 
 use std::path::Path;

@@ -16,6 +16,8 @@ pub struct ControlPlane {
     data: PathBuf,
     pub kubeconfig: PathBuf,
     ports: [u16; 4],
+    /// Added to kube-apiserver's flags.
+    apiserver_args: String,
 }
 
 fn free_port() -> u16 {
@@ -54,6 +56,11 @@ pub fn find_tools(test: &str) -> Option<PathBuf> {
 
 impl ControlPlane {
     pub fn start(tools: PathBuf) -> ControlPlane {
+        ControlPlane::start_with(tools, "")
+    }
+
+    /// A control plane whose kube-apiserver also has `apiserver_args`.
+    pub fn start_with(tools: PathBuf, apiserver_args: &str) -> ControlPlane {
         let data = std::env::temp_dir().join(format!(
             "fill-mirror-k8s-{}-{}",
             std::process::id(),
@@ -66,6 +73,7 @@ impl ControlPlane {
             tools,
             data,
             ports: [free_port(), free_port(), free_port(), free_port()],
+            apiserver_args: apiserver_args.to_string(),
         };
         plane.up();
         plane
@@ -81,6 +89,7 @@ impl ControlPlane {
             .env("ETCD_PEER_PORT", peer.to_string())
             .env("KCM_PORT", kcm.to_string())
             .env("START_KCM", "0")
+            .env("KUBE_APISERVER_EXTRA_ARGS", &self.apiserver_args)
             .env("KUBECONFIG_OUT", &self.kubeconfig)
             .output()
             .expect("start.sh");
@@ -106,6 +115,38 @@ impl ControlPlane {
     pub fn restart(&self) {
         self.down();
         self.up();
+    }
+
+    /// The API server's port on loopback.
+    pub fn api_port(&self) -> u16 {
+        self.ports[0]
+    }
+
+    /// Compacts etcd's history up to its current revision (`etcdctl compact`, Debian's
+    /// etcd-client), as the API server does every 5 minutes: a watch that resumes from an older
+    /// revision then gets 410 Gone. The revision compacted to.
+    pub fn compact_etcd(&self) -> u64 {
+        let endpoint = format!("http://127.0.0.1:{}", self.ports[1]);
+        let status = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &endpoint, "endpoint", "status", "-w", "json"])
+            .output()
+            .expect("etcdctl (apt-get install etcd-client)");
+        let statuses: Value = serde_json::from_slice(&status.stdout).expect("etcdctl's JSON");
+        let revision = statuses[0]["Status"]["header"]["revision"]
+            .as_u64()
+            .expect("etcd's revision");
+        let compact = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &endpoint, "compact", &revision.to_string()])
+            .output()
+            .expect("etcdctl compact");
+        assert!(
+            compact.status.success(),
+            "etcdctl compact {revision}: {}",
+            String::from_utf8_lossy(&compact.stderr)
+        );
+        revision
     }
 
     /// `kubectl ARGS` (with `stdin`), which must succeed; its standard output.
