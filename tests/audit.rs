@@ -138,7 +138,7 @@ fn a_tag_only_mirror_image_the_mirror_lacks_is_reported() {
 /// A Pod k8s-image-swapper swapped (`<registry>/<source host>/<path>`, no record), running a tag
 /// whose digest ECR's lifecycle expired: the check role, under `defaultMirror`'s layout, names
 /// its source and the copy of the digest the container runs (its status' `imageID`) to the tag
-/// it names, which a fill run makes from the report.
+/// it names.
 #[test]
 fn a_pod_k8s_image_swapper_swapped_is_reported_with_the_copy_of_what_it_runs() {
     let mirror = TestRegistry::start("audit-adopted").expect("registry");
