@@ -39,7 +39,8 @@ is also in ghcr.io/kubewarden/policy-server), kube-apiserver and kube-controller
 EOF
   exit 3
 fi
-"$root/scripts/ensure-packages.sh" etcd-server openssl
+# etcdctl (etcd-client) compacts the test etcd, to expire a watch (fill-mirror's watch_api_server).
+"$root/scripts/ensure-packages.sh" etcd-server etcd-client openssl
 "$shared/unpack.sh" "$dest" >/dev/null
 cp "$shared/sigstore-trust-config.json" "$dest/"
 echo "$dest"
