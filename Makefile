@@ -10,9 +10,9 @@ KWCTL ?=
 kwctl = $(or $(KWCTL),$(shell [[ -x $(TOOLS_DIR)/bin/kwctl ]] && echo $(TOOLS_DIR)/bin/kwctl || command -v kwctl))
 SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
 # Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq, and skopeo
-# (the rig's tag-filled cache copies with it; so does the fill job), and prometheus for
+# (the rig's tag-filled cache copies with it; so does the fill controller), and prometheus for
 # promtool, which tests the alerts (tests/docs.rs). From PyPI: moto's server
-# and the AWS CLI, for the fill job on ECR (scripts/ensure-python-tools.sh, `make test-deps`).
+# and the AWS CLI, for the ECR tests (scripts/ensure-python-tools.sh, `make test-deps`).
 TEST_PACKAGES := docker-registry bats jq skopeo prometheus
 
 .PHONY: deps tools test-deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
@@ -33,7 +33,7 @@ deps:
 tools:
 	@scripts/real-tools.sh >/dev/null || { status=$$?; [[ $$status == 3 && "$$CI" != true ]] || exit $$status; }
 
-# What `make test` needs beside them: moto's server and the AWS CLI, for the fill job on ECR.
+# What `make test` needs beside them: moto's server and the AWS CLI, for the ECR tests.
 test-deps: deps
 	scripts/ensure-python-tools.sh
 
@@ -98,12 +98,12 @@ lint:
 target/floor-policy.wasm: bench/floor-policy/src/lib.rs bench/floor-policy/Cargo.toml Cargo.lock
 	scripts/build-wasm.sh floor-policy $@
 
-# BENCH_ONLY=fill-watch: the watch mode's time to mirror alone (tests/fill_watch.rs
-# time_to_mirror), from the test build: its time is skopeo's and the script's, so it needs no
-# release build of the harness.
+# BENCH_ONLY=fill-watch: the fill controller's time to mirror alone (fill-mirror's
+# watch_api_server time_to_mirror: the real kube-apiserver, registries on loopback), from the
+# test build: its time is skopeo's and the API server's, so it needs no release build.
 ifeq ($(BENCH_ONLY),fill-watch)
 bench: deps policy.wasm
-	$(CARGO) test --locked --test fill_watch -- --ignored --nocapture time_to_mirror
+	$(CARGO) test --locked -p fill-mirror --test watch_api_server -- --ignored --nocapture time_to_mirror
 else ifeq ($(BENCH_QUICK),1)
 # BENCH_QUICK=1: every table of the admission benchmark, 3 runs a row, built as the tests are
 # (the test profile, no second, LTO build of wasmtime): CI's proof that the benchmark runs to
@@ -113,7 +113,7 @@ bench: deps policy.wasm target/floor-policy.wasm
 else
 bench: deps policy.wasm target/floor-policy.wasm
 	$(CARGO) bench --locked --bench admission
-	$(CARGO) test --locked --test fill_watch -- --ignored --nocapture time_to_mirror
+	$(CARGO) test --locked -p fill-mirror --test watch_api_server -- --ignored --nocapture time_to_mirror
 endif
 
 # make push REGISTRY=registry://ghcr.io/ORG/policies/image-swapper:v0.1.0

@@ -802,8 +802,9 @@ fn managed_prometheus_rules_are_the_prometheus_rules_alerts() {
             !documents.iter().any(|d| d["kind"] == "PrometheusRule"),
             "{place}: renders both Managed Prometheus rules and a PrometheusRule"
         );
-        // An alert on the fill job's CronJob or its watch Deployment belongs where the overlay
-        // renders that object.
+        // An alert on the fill controller (its Deployment, its scrape job, its metrics; and the
+        // script's CronJob and watch Deployment, while an alert still names them) belongs where
+        // the overlay renders that object.
         let renders = |kind: &str, name: &str| {
             documents
                 .iter()
@@ -816,6 +817,9 @@ fn managed_prometheus_rules_are_the_prometheus_rules_alerts() {
                 "fill-mirror-watch",
                 "deployment=\"fill-mirror-watch\"",
             ),
+            ("Deployment", "fill-mirror", "deployment=\"fill-mirror\""),
+            ("Deployment", "fill-mirror", "job=\"fill-mirror\""),
+            ("Deployment", "fill-mirror", "fill_mirror_"),
         ];
         let expected: Vec<&serde_json::Value> = base_alerts
             .iter()
@@ -996,9 +1000,11 @@ fn eks_mirror() -> (String, String, String) {
 /// The IAM policies the docs give for ECR (`deploy/eks-ecr/aws/*.json`) allow what each role
 /// does, and no more than the mirror's repositories: `ecr:GetAuthorizationToken` on `*` (it has
 /// no resource), everything else on the repositories under the mirror's prefix (the
-/// pull-through cache's: its rule's prefix). The fill job's are read from the `aws ecr` calls
-/// `scripts/fill-mirror.sh` and the lifecycle CronJob make, plus what skopeo's copy needs from
-/// ECR's registry API (a pull of the source's layers it checks, a push).
+/// pull-through cache's: its rule's prefix). The fill controller's are read from the flags the
+/// overlay runs it with (each flag's ECR API calls: fill-mirror's `--ecr-registry` asks for the
+/// push token, `--ecr-create-repositories` describes and creates a repository) and the `aws ecr`
+/// calls of the lifecycle CronJob, plus what skopeo's copy needs from ECR's registry API (a pull
+/// of the source's layers it checks, a push).
 #[test]
 fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
     let (account, region, prefix) = eks_mirror();
@@ -1026,9 +1032,42 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
             .map(action_of)
             .collect()
     };
-    let script = read(&rig::root().join("scripts/fill-mirror.sh"));
+    let (_, eks) = rendered_overlays()
+        .into_iter()
+        .find(|(place, _)| place == "deploy/eks-ecr")
+        .expect("deploy/eks-ecr");
+    let controller = eks
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "fill-mirror")
+        .expect("deploy/eks-ecr: the fill-mirror Deployment");
+    let args: Vec<&str> = controller["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == "fill-mirror")
+        .flat_map(|c| c["args"].as_array().into_iter().flatten())
+        .filter_map(|a| a.as_str())
+        .collect();
+    let host = format!("{account}.dkr.ecr.{region}.amazonaws.com");
+    assert!(
+        args.contains(&format!("--ecr-registry={host}").as_str()),
+        "the fill controller's token is not the mirror's ({host}): {args:?}"
+    );
+    let mut fill_job: BTreeSet<&'static str> = args
+        .iter()
+        .flat_map(|arg| match arg.split('=').next().unwrap_or_default() {
+            "--ecr-registry" => vec!["ecr:GetAuthorizationToken"],
+            "--ecr-create-repositories" => {
+                vec!["ecr:DescribeRepositories", "ecr:CreateRepository"]
+            }
+            flag if flag.starts_with("--ecr") || flag.starts_with("--aws") => panic!(
+                "fill-mirror {flag}: add the ECR calls it makes to this test and to \
+                 deploy/eks-ecr/aws/fill-job.json"
+            ),
+            _ => vec![],
+        })
+        .collect();
     let lifecycle = read(&rig::root().join("deploy/eks-ecr/mirror-lifecycle.yaml"));
-    let mut fill_job = calls(&script);
     fill_job.extend(calls(&lifecycle));
     assert!(
         fill_job.contains("ecr:CreateRepository") && fill_job.contains("ecr:PutLifecyclePolicy"),
