@@ -1411,3 +1411,136 @@ fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
     }
     assert_eq!(checked, 2, "the read role and the fill job's");
 }
+
+/// Every overlay that runs the fill controller runs the release's image, by the tag of the
+/// crates' version (the release adds the digest: release.yml), as two replicas that elect a
+/// copier, with the least privileges its image needs: non-root, a read-only root file system
+/// whose only writable place is the `emptyDir` skopeo's TMPDIR names, no capability, the runtime's
+/// seccomp profile; its probes and its ServiceMonitor on the port named `metrics`.
+#[test]
+fn the_fill_controller_runs_the_releases_image_with_least_privileges() {
+    let fill_mirror_version = read(&rig::root().join("fill-mirror/Cargo.toml"))
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .map(|v| v.trim_matches('"').to_string())
+        .expect("fill-mirror/Cargo.toml: version");
+    assert_eq!(
+        fill_mirror_version,
+        env!("CARGO_PKG_VERSION"),
+        "the two crates' versions"
+    );
+    let image = format!(
+        "ghcr.io/image-swapper-policy/fill-mirror:v{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut running = 0;
+    for (place, documents) in rendered_overlays() {
+        let Some(deployment) = documents
+            .iter()
+            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "fill-mirror")
+        else {
+            continue;
+        };
+        running += 1;
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(deployment["spec"]["replicas"], 2, "{place}");
+        assert_eq!(pod["serviceAccountName"], "fill-mirror", "{place}");
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{place}");
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{place}"
+        );
+        let containers = pod["containers"].as_array().expect("containers");
+        assert_eq!(containers.len(), 1, "{place}: one container");
+        let container = &containers[0];
+        assert_eq!(container["image"], image.as_str(), "{place}");
+        assert_eq!(container["args"][0], "watch", "{place}");
+        let security = &container["securityContext"];
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{place}");
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{place}");
+        assert_eq!(
+            security["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{place}"
+        );
+        let env = |name: &str| {
+            container["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == name)
+                .and_then(|e| e["value"].as_str())
+        };
+        let tmp = env("TMPDIR").unwrap_or_else(|| panic!("{place}: no TMPDIR"));
+        let mount = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"] == tmp)
+            .unwrap_or_else(|| panic!("{place}: nothing mounted at TMPDIR {tmp}"));
+        let volume = pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("{place}: no volume {}", mount["name"]));
+        assert!(
+            volume.get("emptyDir").is_some(),
+            "{place}: TMPDIR on {volume}"
+        );
+        assert!(
+            mount.get("readOnly") != Some(&serde_json::json!(true)),
+            "{place}: TMPDIR read-only"
+        );
+        let port = container["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == "metrics")
+            .unwrap_or_else(|| panic!("{place}: no port named metrics"));
+        let listen = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .skip_while(|a| *a != "--listen")
+            .nth(1)
+            .unwrap_or("0.0.0.0:8080");
+        assert!(
+            listen.ends_with(&format!(":{}", port["containerPort"])),
+            "{place}: --listen {listen} is not the metrics port {port}"
+        );
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            assert_eq!(
+                container[probe]["httpGet"]["path"], path,
+                "{place}: {probe}"
+            );
+            assert_eq!(
+                container[probe]["httpGet"]["port"], "metrics",
+                "{place}: {probe}"
+            );
+        }
+        let service = documents
+            .iter()
+            .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == "fill-mirror")
+            .unwrap_or_else(|| panic!("{place}: no Service fill-mirror"));
+        assert_eq!(
+            service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"],
+            "{place}: the Service selects the controller's Pods"
+        );
+        if let Some(monitor) = documents
+            .iter()
+            .find(|d| d["kind"] == "ServiceMonitor" && d["metadata"]["name"] == "fill-mirror")
+        {
+            assert_eq!(
+                monitor["spec"]["endpoints"][0]["port"], "metrics",
+                "{place}"
+            );
+            assert_eq!(
+                monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"],
+                "{place}: the ServiceMonitor selects the Service"
+            );
+        }
+    }
+    assert!(running >= 2, "{running} overlays run the fill controller");
+}

@@ -20,14 +20,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use image_swapper_policy::pod::fill::write_record;
+use image_swapper_policy::policy::Policy;
+use image_swapper_policy::settings::parse_settings;
 use rig::hosts::{LiveHost, LookupLock, SerialisedHost};
 use rig::images::Image;
 use rig::proxy::{HostModel, LatencyProxy, Transport};
 use rig::registry::TestRegistry;
 use rig::wapc::SharedHost;
-use image_swapper_policy::pod::fill::write_record;
-use image_swapper_policy::policy::Policy;
-use image_swapper_policy::settings::parse_settings;
 use rig::{Response, audit_request, validate};
 use serde_json::{Value, json};
 
@@ -316,7 +316,10 @@ fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_controller_cle
             let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": format!("web-{n}"), "namespace": "default"},
                 "spec": {"containers": [{"name": "web", "image": image}]}});
-            assert!(write_record(&mut pod, &[&image], &policy), "Pod {n}: no record");
+            assert!(
+                write_record(&mut pod, &[&image], &policy),
+                "Pod {n}: no record"
+            );
             pod
         })
         .collect();
@@ -338,7 +341,9 @@ fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_controller_cle
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        printed.ends_with("fill-mirror: 10 copied, 0 failed, 0 skipped, 0 gone, 0 refused, 0 marked\n"),
+        printed.ends_with(
+            "fill-mirror: 10 copied, 0 failed, 0 skipped, 0 gone, 0 refused, 0 marked\n"
+        ),
         "one copy per pruned image, duplicates removed: {printed}"
     );
     for (i, digest) in wave.digests.iter().enumerate() {

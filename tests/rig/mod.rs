@@ -35,7 +35,14 @@ pub fn fill_mirror() -> &'static Path {
     BINARY.get_or_init(|| {
         let output = std::process::Command::new(env!("CARGO"))
             .current_dir(root())
-            .args(["build", "--locked", "-p", "fill-mirror", "--bin", "fill-mirror"])
+            .args([
+                "build",
+                "--locked",
+                "-p",
+                "fill-mirror",
+                "--bin",
+                "fill-mirror",
+            ])
             .arg("--message-format=json")
             .stderr(std::process::Stdio::inherit())
             .output()

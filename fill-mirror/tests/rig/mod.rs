@@ -8,6 +8,13 @@ pub mod registry;
 #[path = "../../../tests/rig/images.rs"]
 pub mod images;
 
+#[path = "../../../tests/rig/front.rs"]
+pub mod front;
+
+/// front.rs's relay takes its plain-HTTP gate from here.
+#[path = "../../../tests/rig/ecr.rs"]
+pub mod ecr;
+
 pub mod plane;
 
 use std::path::Path;
