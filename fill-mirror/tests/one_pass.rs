@@ -261,10 +261,69 @@ fn once_never_copies_over_a_destination_the_mirror_could_not_be_asked_about() {
             stdout.contains("0 copied, 1 failed, 0 skipped"),
             "answered {code}: {stdout}{stderr}"
         );
+        assert!(
+            stderr.contains(&format!(
+                "could not tell whether docker://{front}/hub/app/web:1 exists"
+            )),
+            "answered {code}: {stderr}"
+        );
         assert_eq!(
             mirror.digest_of("hub/app/web", "1"),
             Some(kept.clone()),
             "answered {code}, the mirror's tag moved: {stdout}{stderr}"
+        );
+    }
+}
+
+/// A source registry that answers the copy with 429 or 503 is named as throttling (in the watch
+/// its copies then wait, `fill_mirror_source_throttled_total`); one that answers 401 is a copy
+/// that failed, neither throttling nor gone. The pass fails either way (exit 1), and nothing
+/// reaches the mirror.
+#[test]
+fn once_names_a_source_answering_429_or_503_as_throttling_and_401_as_a_failure() {
+    let source = TestRegistry::start("fill-throttle-src").expect("source registry");
+    let mirror = TestRegistry::start("fill-throttle-mirror").expect("mirror registry");
+    Image::new("web", "linux/amd64").push(&source, "app/web", Some("1"));
+    let files = Files::new();
+    for (code, throttling) in [(429, true), (503, true), (401, false)] {
+        let body = r#"{"errors":[{"code":"UNKNOWN","message":"not now"}]}"#;
+        let (front, stop) =
+            rig::front::relay("refusing source", &source.host, move |method, url| {
+                (["GET", "HEAD"].contains(&method) && url.starts_with("/v2/app/web/manifests/"))
+                    .then(|| (code, body.to_string()))
+            })
+            .expect("relay");
+        let image = format!("{front}/app/web:1");
+        let (pods, settings) = inputs(&files, &front, &mirror.host, &[("a", &image)]);
+        let output = run(&[
+            "once",
+            "--insecure",
+            "--pods",
+            &pods,
+            "--settings",
+            &settings,
+        ]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let stdout = text(&output.stdout);
+        let stderr = text(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "answered {code}: {stdout}{stderr}"
+        );
+        assert!(
+            stdout.contains("0 copied, 1 failed, 0 skipped, 0 gone"),
+            "answered {code}: {stdout}{stderr}"
+        );
+        assert_eq!(
+            stderr.contains("the source registry is throttling"),
+            throttling,
+            "answered {code}: {stderr}"
+        );
+        assert_eq!(
+            mirror.digest_of("hub/app/web", "1"),
+            None,
+            "answered {code}"
         );
     }
 }
