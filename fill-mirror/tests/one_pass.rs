@@ -275,18 +275,31 @@ fn once_never_copies_over_a_destination_the_mirror_could_not_be_asked_about() {
     }
 }
 
-/// A source registry that answers the copy with 429 or 503 is named as throttling (in the watch
-/// its copies then wait, `fill_mirror_source_throttled_total`); one that answers 401 is a copy
-/// that failed, neither throttling nor gone. The pass fails either way (exit 1), and nothing
-/// reaches the mirror.
+/// A source registry that answers the copy with 429 as Docker Hub does (`TOOMANYREQUESTS`) or
+/// with 503 from a front without an OCI error body is named as throttling (in the watch its
+/// copies then wait, `fill_mirror_source_throttled_total`); one that answers 401 is a copy that
+/// failed, neither throttling nor gone. The pass fails either way (exit 1), and nothing reaches
+/// the mirror. (A 5xx with an OCI error body of another code reaches skopeo's words without its
+/// status, and counts as a failed copy.)
 #[test]
 fn once_names_a_source_answering_429_or_503_as_throttling_and_401_as_a_failure() {
     let source = TestRegistry::start("fill-throttle-src").expect("source registry");
     let mirror = TestRegistry::start("fill-throttle-mirror").expect("mirror registry");
     Image::new("web", "linux/amd64").push(&source, "app/web", Some("1"));
     let files = Files::new();
-    for (code, throttling) in [(429, true), (503, true), (401, false)] {
-        let body = r#"{"errors":[{"code":"UNKNOWN","message":"not now"}]}"#;
+    for (code, body, throttling) in [
+        (
+            429,
+            r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"You have reached your pull rate limit."}]}"#,
+            true,
+        ),
+        (503, "Service Unavailable", true),
+        (
+            401,
+            r#"{"errors":[{"code":"UNAUTHORIZED","message":"no"}]}"#,
+            false,
+        ),
+    ] {
         let (front, stop) =
             rig::front::relay("refusing source", &source.host, move |method, url| {
                 (["GET", "HEAD"].contains(&method) && url.starts_with("/v2/app/web/manifests/"))
