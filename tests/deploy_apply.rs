@@ -714,10 +714,23 @@ fn check_installed(plane: &ControlPlane, overlay: &str, how: &str) {
             }
         }
     }
-    let wanted: BTreeSet<String> = servers
+    // And the overlay's own Services with a port named metrics: the fill controller's.
+    let mut wanted: BTreeSet<String> = servers
         .iter()
         .map(|s| format!("policy-server-{s}"))
         .collect();
+    wanted.extend(
+        of_kind("Service")
+            .iter()
+            .filter(|s| {
+                s["spec"]["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["name"] == "metrics")
+            })
+            .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string)),
+    );
     assert_eq!(
         scraped, wanted,
         "{how}: the Services a ServiceMonitor of {path} scrapes"
