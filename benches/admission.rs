@@ -391,7 +391,7 @@ fill controller: fill-mirror list over recorded Pods (median of 3 runs)"
     );
     println!("| recorded Pods | distinct copies | seconds |");
     println!("|---:|---:|---:|");
-    for pods in [10, 100, 1_000] {
+    for pods in [10_usize, 100, 1_000] {
         let items: Vec<Value> = (0..pods)
             .map(|n| {
                 let image = format!("app{}:1", n / 10);
