@@ -10,9 +10,9 @@ KWCTL ?=
 kwctl = $(or $(KWCTL),$(shell [[ -x $(TOOLS_DIR)/bin/kwctl ]] && echo $(TOOLS_DIR)/bin/kwctl || command -v kwctl))
 SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
 # Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq, and skopeo
-# (the rig's tag-filled cache copies with it; so does the fill job), and prometheus for
+# (the rig's tag-filled cache copies with it; so does the fill controller), and prometheus for
 # promtool, which tests the alerts (tests/docs.rs). From PyPI: moto's server
-# and the AWS CLI, for the fill job on ECR (scripts/ensure-python-tools.sh, `make test-deps`).
+# and the AWS CLI, for the ECR tests (scripts/ensure-python-tools.sh, `make test-deps`).
 TEST_PACKAGES := docker-registry bats jq skopeo prometheus
 
 .PHONY: deps tools test-deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
@@ -33,7 +33,7 @@ deps:
 tools:
 	@scripts/real-tools.sh >/dev/null || { status=$$?; [[ $$status == 3 && "$$CI" != true ]] || exit $$status; }
 
-# What `make test` needs beside them: moto's server and the AWS CLI, for the fill job on ECR.
+# What `make test` needs beside them: moto's server and the AWS CLI, for the ECR tests.
 test-deps: deps
 	scripts/ensure-python-tools.sh
 

@@ -370,36 +370,39 @@ fn main() {
     fill_job();
 }
 
-/// The fill job's own work over the Pods' records: `scripts/fill-mirror.sh --list` reading N
-/// recorded Pods (a tenth of them naming images no other Pod names, as a rollout's replicas
-/// share one) and checking each copy against the settings' routing. The copies themselves cost
-/// what skopeo costs, per distinct image.
+/// The fill controller's own work over the Pods' records: `fill-mirror list` reading N recorded
+/// Pods (a tenth of them naming images no other Pod names, as a rollout's replicas share one;
+/// each record written by the policy crate's own writer) and checking each copy against the
+/// settings' routing. The copies themselves cost what skopeo costs, per distinct image.
 fn fill_job() {
     let settings =
         json!({"mirrors": [{"source": "docker.io", "target": "mirror.example.com/dockerhub"}]});
+    let parsed = image_swapper_policy::settings::parse_settings(settings.to_string().as_bytes())
+        .expect("settings");
+    let policy = image_swapper_policy::policy::Policy::from_settings(&parsed).expect("settings");
+    let binary = rig::fill_mirror();
     let dir = std::env::temp_dir().join(format!("image-swapper-bench-fill-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let settings_path = dir.join("settings.json");
     std::fs::write(&settings_path, settings.to_string()).expect("settings");
     println!(
         "
-fill job: scripts/fill-mirror.sh --list over recorded Pods (median of 3 runs)"
+fill controller: fill-mirror list over recorded Pods (median of 3 runs)"
     );
     println!("| recorded Pods | distinct copies | seconds |");
     println!("|---:|---:|---:|");
-    for pods in [10, 100, 1_000] {
+    for pods in [10_usize, 100, 1_000] {
         let items: Vec<Value> = (0..pods)
             .map(|n| {
                 let image = format!("app{}:1", n / 10);
-                let record = json!({"web": {
-                    "source": image,
-                    "mirror": format!("mirror.example.com/dockerhub/library/app{}:1", n / 10),
-                    "copy": format!("skopeo copy --all --preserve-digests docker://docker.io/library/app{0}:1 docker://mirror.example.com/dockerhub/library/app{0}:1", n / 10),
-                }});
-                json!({"metadata": {"name": format!("web-{n}"), "namespace": "default",
-                    "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
-                    "annotations": {"image-swapper.kubewarden.io/unmirrored-images": record.to_string()}},
-                    "spec": {"containers": [{"name": "web", "image": image}]}})
+                let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("web-{n}"), "namespace": "default"},
+                    "spec": {"containers": [{"name": "web", "image": image}]}});
+                assert!(
+                    image_swapper_policy::pod::fill::write_record(&mut pod, &[&image], &policy),
+                    "no record for {image}"
+                );
+                pod
             })
             .collect();
         let pods_path = dir.join(format!("pods-{pods}.json"));
@@ -412,18 +415,19 @@ fill job: scripts/fill-mirror.sh --list over recorded Pods (median of 3 runs)"
         let mut copies = 0;
         for _ in 0..3 {
             let started = Instant::now();
-            let output = std::process::Command::new(rig::root().join("scripts/fill-mirror.sh"))
-                .arg("--list")
+            let output = std::process::Command::new(binary)
+                .arg("list")
                 .arg("--pods")
                 .arg(&pods_path)
                 .arg("--settings")
                 .arg(&settings_path)
                 .output()
-                .expect("fill-mirror.sh");
+                .expect("fill-mirror");
             times.push(started.elapsed());
             assert!(output.status.success(), "{output:?}");
             copies = String::from_utf8_lossy(&output.stdout).lines().count();
         }
+        assert_eq!(copies, pods.div_ceil(10), "one copy per distinct image");
         times.sort();
         println!("| {pods} | {copies} | {:.2} |", times[1].as_secs_f64());
     }

@@ -224,8 +224,8 @@ SECTIONS = [
     ("install.md", "## EKS with ECR", "eks-ecr"),
     ("install.md", "## GKE with an Artifact Registry remote repository", "gke-artifact-registry"),
     ("operations.md", "### A CronJob that renews the Secret (ECR)", "eks-ecr"),
-    ("operations.md", "### The fill job", "registry"),
-    ("operations.md", "### The fill job on ECR", "eks-ecr"),
+    ("operations.md", "### The fill controller", "registry"),
+    ("operations.md", "### The fill controller on ECR", "eks-ecr"),
     ("operations.md", "## Monitoring", "registry"),
 ]
 

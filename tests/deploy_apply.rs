@@ -714,10 +714,23 @@ fn check_installed(plane: &ControlPlane, overlay: &str, how: &str) {
             }
         }
     }
-    let wanted: BTreeSet<String> = servers
+    // And the overlay's own Services with a port named metrics: the fill controller's.
+    let mut wanted: BTreeSet<String> = servers
         .iter()
         .map(|s| format!("policy-server-{s}"))
         .collect();
+    wanted.extend(
+        of_kind("Service")
+            .iter()
+            .filter(|s| {
+                s["spec"]["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["name"] == "metrics")
+            })
+            .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string)),
+    );
     assert_eq!(
         scraped, wanted,
         "{how}: the Services a ServiceMonitor of {path} scrapes"
@@ -1071,5 +1084,147 @@ fn the_fill_jobs_identity_may_drop_records_and_nothing_else() {
         image("shop"),
         "attacker.example.com/app:1",
         "the administrator's patch"
+    );
+}
+
+/// The fill controller with exactly the rights deploy/ gives it: its ServiceAccount, ClusterRole,
+/// Lease Role and their bindings and the ValidatingAdmissionPolicy, as deploy/registry renders
+/// them, on a real API server; the real binary (`fill-mirror watch`) runs with a token of that
+/// ServiceAccount (TokenRequest), the namespace its kubeconfig's. It takes the Lease, lists and
+/// watches everything it follows without a refusal, copies a recorded Pod's image into the
+/// mirror, and its marking patch passes the ValidatingAdmissionPolicy: the record is dropped.
+#[test]
+fn the_fill_controller_fills_and_marks_with_the_rights_deploy_gives_it() {
+    let Some(tools) = RealTools::find("deploy_apply fill controller rights") else {
+        return;
+    };
+    let plane = ControlPlane::start(&tools, false);
+    let root = rig::root();
+    plane.kubectl_ok(
+        &["apply", "-f", &root.join(RELEASES[1].1).to_string_lossy()],
+        None,
+    );
+    plane.kubectl_ok(&["create", "namespace", KUBEWARDEN], None);
+    let rendered = plane.kubectl_ok(&["kustomize", "deploy/registry"], None);
+    let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|d| serde::Deserialize::deserialize(d).expect("rendered YAML"))
+        .collect();
+    let rights: Vec<Value> = documents
+        .iter()
+        .filter(|d| {
+            let kind = d["kind"].as_str().unwrap_or_default();
+            let name = d["metadata"]["name"].as_str().unwrap_or_default();
+            kind.starts_with("ValidatingAdmissionPolicy")
+                || ([
+                    "ServiceAccount",
+                    "ClusterRole",
+                    "ClusterRoleBinding",
+                    "Role",
+                    "RoleBinding",
+                ]
+                .contains(&kind)
+                    && name.starts_with("fill-mirror"))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        rights.len(),
+        7,
+        "deploy/registry's fill controller rights: {rights:#?}"
+    );
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": rights});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&list.to_string()));
+
+    let source = rig::registry::TestRegistry::start("deploy-fill-src").expect("source registry");
+    let mirror = rig::registry::TestRegistry::start("deploy-fill-mirror").expect("mirror registry");
+    let digest = rig::images::Image::new("web", "linux/amd64").push(&source, "app/web", Some("1"));
+    // The swapping policy as deploy/ names it, routing the loopback source to the mirror.
+    let settings = json!({"mirrors": [{"source": source.host, "target": format!("{}/hub", mirror.host)}],
+                          "fillJobUsernames": [FILL_JOB]});
+    let mut swapping = documents
+        .iter()
+        .find(|d| d["kind"] == "ClusterAdmissionPolicy" && d["metadata"]["name"] == "image-swapper")
+        .cloned()
+        .expect("the swapping policy");
+    swapping["spec"]["settings"] = settings.clone();
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&swapping.to_string()));
+    let parsed = image_swapper_policy::settings::parse_settings(settings.to_string().as_bytes())
+        .expect("settings");
+    let policy = image_swapper_policy::policy::Policy::from_settings(&parsed).expect("settings");
+    let image = format!("{}/app/web:1", source.host);
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"containers": [{"name": "web", "image": image}]}});
+    assert!(image_swapper_policy::pod::fill::write_record(
+        &mut pod,
+        &[&image],
+        &policy
+    ));
+    plane.kubectl_ok(&["create", "-f", "-"], Some(&pod.to_string()));
+
+    // A kubeconfig of the ServiceAccount's token, as the Pod's mounted token would be.
+    let token = plane.kubectl_ok(&["create", "token", "fill-mirror", "-n", KUBEWARDEN], None);
+    let dir = scratch_dir("fill-controller-rights");
+    let kubeconfig = dir.join("fill-mirror.kubeconfig");
+    let config = json!({"apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "plane", "cluster": {
+            "server": format!("https://127.0.0.1:{}", plane.port),
+            "certificate-authority": plane.ca_file()}}],
+        "users": [{"name": "fill-mirror", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "fill-mirror", "context": {
+            "cluster": "plane", "user": "fill-mirror", "namespace": KUBEWARDEN}}],
+        "current-context": "fill-mirror"});
+    std::fs::write(&kubeconfig, config.to_string()).expect("kubeconfig");
+    let log = dir.join("fill-mirror.log");
+    let mut child = Command::new(rig::fill_mirror())
+        .args([
+            "watch",
+            "--insecure",
+            "--retry",
+            "1",
+            "--log-format",
+            "text",
+        ])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", rig::tools::free_port()),
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("HOSTNAME", "fill-mirror-rights-0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start fill-mirror watch");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let marked = loop {
+        let pod = plane.get_json(&["pod", "-n", "default", "web"]);
+        let recorded = pod["metadata"]["labels"].get(RECORD_LABEL).is_some()
+            || pod["metadata"]["annotations"]
+                .get(RECORD_ANNOTATION)
+                .is_some();
+        if !recorded || Instant::now() > deadline {
+            break !recorded;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    // The template watches start with the Pods'; give a refusal of theirs the time to show.
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(marked, "the record stayed on default/web:\n{logged}");
+    assert_eq!(
+        mirror.digest_of("hub/app/web", "1").as_deref(),
+        Some(digest.as_str()),
+        "{logged}"
+    );
+    let lease = plane.get_json(&["lease", "-n", KUBEWARDEN, "fill-mirror"]);
+    assert_eq!(
+        lease["spec"]["holderIdentity"], "fill-mirror-rights-0",
+        "{lease:#}\n{logged}"
+    );
+    assert!(
+        !logged.to_ascii_lowercase().contains("forbidden"),
+        "a call the rights do not allow:\n{logged}"
     );
 }

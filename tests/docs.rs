@@ -1003,9 +1003,11 @@ fn eks_mirror() -> (String, String, String) {
 /// The IAM policies the docs give for ECR (`deploy/eks-ecr/aws/*.json`) allow what each role
 /// does, and no more than the mirror's repositories: `ecr:GetAuthorizationToken` on `*` (it has
 /// no resource), everything else on the repositories under the mirror's prefix (the
-/// pull-through cache's: its rule's prefix). The fill job's are read from the `aws ecr` calls
-/// `scripts/fill-mirror.sh` and the lifecycle CronJob make, plus what skopeo's copy needs from
-/// ECR's registry API (a pull of the source's layers it checks, a push).
+/// pull-through cache's: its rule's prefix). The fill controller's are read from the flags the
+/// overlay runs it with (each flag's ECR API calls: fill-mirror's `--ecr-registry` asks for the
+/// push token, `--ecr-create-repositories` describes and creates a repository) and the `aws ecr`
+/// calls of the lifecycle CronJob, plus what skopeo's copy needs from ECR's registry API (a pull
+/// of the source's layers it checks, a push).
 #[test]
 fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
     let (account, region, prefix) = eks_mirror();
@@ -1033,9 +1035,42 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
             .map(action_of)
             .collect()
     };
-    let script = read(&rig::root().join("scripts/fill-mirror.sh"));
+    let (_, eks) = rendered_overlays()
+        .into_iter()
+        .find(|(place, _)| place == "deploy/eks-ecr")
+        .expect("deploy/eks-ecr");
+    let controller = eks
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "fill-mirror")
+        .expect("deploy/eks-ecr: the fill-mirror Deployment");
+    let args: Vec<&str> = controller["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == "fill-mirror")
+        .flat_map(|c| c["args"].as_array().into_iter().flatten())
+        .filter_map(|a| a.as_str())
+        .collect();
+    let host = format!("{account}.dkr.ecr.{region}.amazonaws.com");
+    assert!(
+        args.contains(&format!("--ecr-registry={host}").as_str()),
+        "the fill controller's token is not the mirror's ({host}): {args:?}"
+    );
+    let mut fill_job: BTreeSet<&'static str> = args
+        .iter()
+        .flat_map(|arg| match arg.split('=').next().unwrap_or_default() {
+            "--ecr-registry" => vec!["ecr:GetAuthorizationToken"],
+            "--ecr-create-repositories" => {
+                vec!["ecr:DescribeRepositories", "ecr:CreateRepository"]
+            }
+            flag if flag.starts_with("--ecr") || flag.starts_with("--aws") => panic!(
+                "fill-mirror {flag}: add the ECR calls it makes to this test and to \
+                 deploy/eks-ecr/aws/fill-job.json"
+            ),
+            _ => vec![],
+        })
+        .collect();
     let lifecycle = read(&rig::root().join("deploy/eks-ecr/mirror-lifecycle.yaml"));
-    let mut fill_job = calls(&script);
     fill_job.extend(calls(&lifecycle));
     assert!(
         fill_job.contains("ecr:CreateRepository") && fill_job.contains("ecr:PutLifecyclePolicy"),
@@ -1378,4 +1413,137 @@ fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
         checked += 1;
     }
     assert_eq!(checked, 2, "the read role and the fill job's");
+}
+
+/// Every overlay that runs the fill controller runs the release's image, by the tag of the
+/// crates' version (the release adds the digest: release.yml), as two replicas that elect a
+/// copier, with the least privileges its image needs: non-root, a read-only root file system
+/// whose only writable place is the `emptyDir` skopeo's TMPDIR names, no capability, the runtime's
+/// seccomp profile; its probes and its ServiceMonitor on the port named `metrics`.
+#[test]
+fn the_fill_controller_runs_the_releases_image_with_least_privileges() {
+    let fill_mirror_version = read(&rig::root().join("fill-mirror/Cargo.toml"))
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .map(|v| v.trim_matches('"').to_string())
+        .expect("fill-mirror/Cargo.toml: version");
+    assert_eq!(
+        fill_mirror_version,
+        env!("CARGO_PKG_VERSION"),
+        "the two crates' versions"
+    );
+    let image = format!(
+        "ghcr.io/image-swapper-policy/fill-mirror:v{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut running = 0;
+    for (place, documents) in rendered_overlays() {
+        let Some(deployment) = documents
+            .iter()
+            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "fill-mirror")
+        else {
+            continue;
+        };
+        running += 1;
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(deployment["spec"]["replicas"], 2, "{place}");
+        assert_eq!(pod["serviceAccountName"], "fill-mirror", "{place}");
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{place}");
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{place}"
+        );
+        let containers = pod["containers"].as_array().expect("containers");
+        assert_eq!(containers.len(), 1, "{place}: one container");
+        let container = &containers[0];
+        assert_eq!(container["image"], image.as_str(), "{place}");
+        assert_eq!(container["args"][0], "watch", "{place}");
+        let security = &container["securityContext"];
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{place}");
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{place}");
+        assert_eq!(
+            security["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{place}"
+        );
+        let env = |name: &str| {
+            container["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == name)
+                .and_then(|e| e["value"].as_str())
+        };
+        let tmp = env("TMPDIR").unwrap_or_else(|| panic!("{place}: no TMPDIR"));
+        let mount = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"] == tmp)
+            .unwrap_or_else(|| panic!("{place}: nothing mounted at TMPDIR {tmp}"));
+        let volume = pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("{place}: no volume {}", mount["name"]));
+        assert!(
+            volume.get("emptyDir").is_some(),
+            "{place}: TMPDIR on {volume}"
+        );
+        assert!(
+            mount.get("readOnly") != Some(&serde_json::json!(true)),
+            "{place}: TMPDIR read-only"
+        );
+        let port = container["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == "metrics")
+            .unwrap_or_else(|| panic!("{place}: no port named metrics"));
+        let listen = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .skip_while(|a| *a != "--listen")
+            .nth(1)
+            .unwrap_or("0.0.0.0:8080");
+        assert!(
+            listen.ends_with(&format!(":{}", port["containerPort"])),
+            "{place}: --listen {listen} is not the metrics port {port}"
+        );
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            assert_eq!(
+                container[probe]["httpGet"]["path"], path,
+                "{place}: {probe}"
+            );
+            assert_eq!(
+                container[probe]["httpGet"]["port"], "metrics",
+                "{place}: {probe}"
+            );
+        }
+        let service = documents
+            .iter()
+            .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == "fill-mirror")
+            .unwrap_or_else(|| panic!("{place}: no Service fill-mirror"));
+        assert_eq!(
+            service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"],
+            "{place}: the Service selects the controller's Pods"
+        );
+        if let Some(monitor) = documents
+            .iter()
+            .find(|d| d["kind"] == "ServiceMonitor" && d["metadata"]["name"] == "fill-mirror")
+        {
+            assert_eq!(
+                monitor["spec"]["endpoints"][0]["port"], "metrics",
+                "{place}"
+            );
+            assert_eq!(
+                monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"],
+                "{place}: the ServiceMonitor selects the Service"
+            );
+        }
+    }
+    assert!(running >= 2, "{running} overlays run the fill controller");
 }

@@ -8,7 +8,7 @@
 //! after 10 s (an `error` in the report) while policy-server goes on with it. A pruned image is
 //! looked up again for each of its Pods (the host caches only successes); a present one once per
 //! replica. At the sizing docs/operations.md gives, every affected Pod is a `fail` and none an
-//! `error`; after the shipped fill job, the next scan passes every Pod.
+//! `error`; after the fill controller's copies, the next scan passes every Pod.
 
 mod rig;
 
@@ -20,6 +20,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use image_swapper_policy::pod::fill::write_record;
+use image_swapper_policy::policy::Policy;
+use image_swapper_policy::settings::parse_settings;
 use rig::hosts::{LiveHost, LookupLock, SerialisedHost};
 use rig::images::Image;
 use rig::proxy::{HostModel, LatencyProxy, Transport};
@@ -276,9 +279,10 @@ fn documented_parallel_resources(replicas: usize, model: HostModel) -> usize {
 
 /// The sizing docs/operations.md gives for a prune wave: one replica, `parallelResources` by
 /// the rule (27 on 1.31's lookups, 17 on 1.35's). Every Pod of a pruned image is a `fail`, none
-/// an `error`; the fill job restores exactly the 10 pruned digests; the next scan passes all 300.
+/// an `error`; the fill controller restores exactly the 10 pruned digests; the next scan passes
+/// all 300.
 #[test]
-fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_job_clears_it() {
+fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_controller_clears_it() {
     let wave = wave("wave");
     let settings = wave.settings();
     rig::policy();
@@ -296,45 +300,50 @@ fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_job_clears_it(
         assert_eq!(*result, expected, "Pod {n}: {counts:?}");
     }
 
-    // The reports' fail messages, as the scanner stores them, through the shipped script.
+    // The fill controller restores the pruned digests: each affected Pod as the swapping role
+    // records it when the mirror lacks its image (the policy crate's own writer), through
+    // `fill-mirror once`, routed straight to the mirror (the scan's route is 50 ms away).
     let dir = std::env::temp_dir().join(format!("image-swapper-wave-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let replicas_for_messages = wave.replicas(1);
+    let routing = json!({"mirrors": [{"source": wave.source.host, "target": format!("{}/hub", wave.mirror.host)}]});
+    let parsed = parse_settings(routing.to_string().as_bytes()).expect("routing");
+    let policy = Policy::from_settings(&parsed).expect("routing");
     let items: Vec<Value> = (0..PODS)
         .filter(|n| wave.affected(*n))
         .map(|n| {
-            let (answer, answered) = mpsc::channel();
-            replicas_for_messages[0].send(Job {
-                index: n,
-                settings: settings.clone(),
-                request: wave.requests[n].clone(),
-                answer,
-            });
-            let (response, _) = answered.recv().expect("answer");
-            json!({"kind": "Report", "results": [{"policy": "clusterwide-image-swapper-check",
-                   "result": "fail", "message": response.message}]})
+            let i = n % IMAGES;
+            let image = format!("{}/app{i}:1@{}", wave.source.host, wave.digests[i]);
+            let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("web-{n}"), "namespace": "default"},
+                "spec": {"containers": [{"name": "web", "image": image}]}});
+            assert!(
+                write_record(&mut pod, &[&image], &policy),
+                "Pod {n}: no record"
+            );
+            pod
         })
         .collect();
-    let reports = dir.join("reports.json");
-    std::fs::write(
-        &reports,
-        json!({"kind": "List", "items": items}).to_string(),
-    )
-    .expect("write");
-    // The check's settings route the copies the script checks.
+    let pods = dir.join("pods.json");
+    std::fs::write(&pods, json!({"kind": "List", "items": items}).to_string()).expect("write");
     let settings_file = dir.join("settings.json");
-    std::fs::write(&settings_file, settings.to_string()).expect("write");
-    let output = Command::new(rig::root().join("scripts/fill-mirror.sh"))
-        .args(["--insecure", "--reports"])
-        .arg(&reports)
+    std::fs::write(&settings_file, routing.to_string()).expect("write");
+    let output = Command::new(rig::fill_mirror())
+        .args(["once", "--insecure", "--log-format", "text", "--pods"])
+        .arg(&pods)
         .arg("--settings")
         .arg(&settings_file)
         .output()
-        .expect("fill-mirror.sh");
+        .expect("fill-mirror");
     let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{printed}");
     assert!(
-        printed.ends_with("fill-mirror: 10 copied, 0 failed, 0 skipped, 0 gone, 0 refused\n"),
+        output.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        printed.ends_with(
+            "fill-mirror: 10 copied, 0 failed, 0 skipped, 0 gone, 0 refused, 0 marked\n"
+        ),
         "one copy per pruned image, duplicates removed: {printed}"
     );
     for (i, digest) in wave.digests.iter().enumerate() {

@@ -210,3 +210,133 @@ fn once_exits_0_for_a_gone_source_1_for_a_failed_copy_2_for_bad_settings() {
         text(&output.stderr)
     );
 }
+
+/// A mirror that cannot be asked whether the destination exists (it answers 429, then 500, to
+/// the manifest's check, through a relay that passes every other request to the real mirror) is
+/// not read as lacking it: the tag exists there with other content, and a copy would move it.
+/// The copy fails (exit 1, the next pass asks again) and the tag keeps its digest.
+#[test]
+fn once_never_copies_over_a_destination_the_mirror_could_not_be_asked_about() {
+    let source = TestRegistry::start("fill-unasked-src").expect("source registry");
+    let mirror = TestRegistry::start("fill-unasked-mirror").expect("mirror registry");
+    Image::new("app 1 moved", "linux/amd64").push(&source, "app/web", Some("1"));
+    let kept =
+        Image::new("app 1 as mirrored", "linux/amd64").push(&mirror, "hub/app/web", Some("1"));
+    let image = format!("{}/app/web:1", source.host);
+    let files = Files::new();
+    for (code, body) in [
+        (
+            429,
+            r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"slow down"}]}"#,
+        ),
+        (
+            500,
+            r#"{"errors":[{"code":"UNKNOWN","message":"internal error"}]}"#,
+        ),
+    ] {
+        let (front, stop) =
+            rig::front::relay("unasked mirror", &mirror.host, move |method, url| {
+                (["GET", "HEAD"].contains(&method) && url.starts_with("/v2/hub/app/web/manifests/"))
+                    .then(|| (code, body.to_string()))
+            })
+            .expect("relay");
+        let (pods, settings) = inputs(&files, &source.host, &front, &[("a", &image)]);
+        let output = run(&[
+            "once",
+            "--insecure",
+            "--pods",
+            &pods,
+            "--settings",
+            &settings,
+        ]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let stdout = text(&output.stdout);
+        let stderr = text(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "answered {code}: {stdout}{stderr}"
+        );
+        assert!(
+            stdout.contains("0 copied, 1 failed, 0 skipped"),
+            "answered {code}: {stdout}{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!(
+                "could not tell whether docker://{front}/hub/app/web:1 exists"
+            )),
+            "answered {code}: {stderr}"
+        );
+        assert_eq!(
+            mirror.digest_of("hub/app/web", "1"),
+            Some(kept.clone()),
+            "answered {code}, the mirror's tag moved: {stdout}{stderr}"
+        );
+    }
+}
+
+/// A source registry that answers the copy with 429 as Docker Hub does (`TOOMANYREQUESTS`) or
+/// with 503 from a front without an OCI error body is named as throttling (in the watch its
+/// copies then wait, `fill_mirror_source_throttled_total`); one that answers 401 is a copy that
+/// failed, neither throttling nor gone. The pass fails either way (exit 1), and nothing reaches
+/// the mirror. (A 5xx with an OCI error body of another code reaches skopeo's words without its
+/// status, and counts as a failed copy.)
+#[test]
+fn once_names_a_source_answering_429_or_503_as_throttling_and_401_as_a_failure() {
+    let source = TestRegistry::start("fill-throttle-src").expect("source registry");
+    let mirror = TestRegistry::start("fill-throttle-mirror").expect("mirror registry");
+    Image::new("web", "linux/amd64").push(&source, "app/web", Some("1"));
+    let files = Files::new();
+    for (code, body, throttling) in [
+        (
+            429,
+            r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"You have reached your pull rate limit."}]}"#,
+            true,
+        ),
+        (503, "Service Unavailable", true),
+        (
+            401,
+            r#"{"errors":[{"code":"UNAUTHORIZED","message":"no"}]}"#,
+            false,
+        ),
+    ] {
+        let (front, stop) =
+            rig::front::relay("refusing source", &source.host, move |method, url| {
+                (["GET", "HEAD"].contains(&method) && url.starts_with("/v2/app/web/manifests/"))
+                    .then(|| (code, body.to_string()))
+            })
+            .expect("relay");
+        let image = format!("{front}/app/web:1");
+        let (pods, settings) = inputs(&files, &front, &mirror.host, &[("a", &image)]);
+        let output = run(&[
+            "once",
+            "--insecure",
+            "--pods",
+            &pods,
+            "--settings",
+            &settings,
+        ]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let stdout = text(&output.stdout);
+        let stderr = text(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "answered {code}: {stdout}{stderr}"
+        );
+        assert!(
+            stdout.contains("0 copied, 1 failed, 0 skipped, 0 gone"),
+            "answered {code}: {stdout}{stderr}"
+        );
+        assert_eq!(
+            stderr.contains("the source registry is throttling"),
+            throttling,
+            "answered {code}: {stderr}"
+        );
+        assert_eq!(
+            mirror.digest_of("hub/app/web", "1"),
+            None,
+            "answered {code}"
+        );
+    }
+}

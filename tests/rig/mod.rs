@@ -27,6 +27,36 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The fill controller's binary (fill-mirror/), built by cargo as the test build is (the policy
+/// crate's tests cannot name another package's binary with CARGO_BIN_EXE), once per test binary;
+/// its path as cargo reports the artifact.
+pub fn fill_mirror() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let output = std::process::Command::new(env!("CARGO"))
+            .current_dir(root())
+            .args([
+                "build",
+                "--locked",
+                "-p",
+                "fill-mirror",
+                "--bin",
+                "fill-mirror",
+            ])
+            .arg("--message-format=json")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run cargo build -p fill-mirror");
+        assert!(output.status.success(), "cargo build -p fill-mirror failed");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|message| message["target"]["name"] == "fill-mirror")
+            .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+            .expect("cargo named no fill-mirror executable")
+    })
+}
+
 /// `policy.wasm`, compiled once per test binary, as policy-server compiles it once, and
 /// interrupted as policy-server interrupts it: after the host model's default `--policy-timeout`
 /// (2 s), unless a test calls it within another timeout ([`validate_within`]).
