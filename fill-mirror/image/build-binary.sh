@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fill controller's binary for one image platform, as fill-mirror/Dockerfile's build stage
 # runs it (and scripts/check-image-build.sh runs it on this machine for linux/amd64, so what
-# the image carries is what CI checked): `cargo build --locked --release -p fill-mirror` for the
+# the image carries is what CI checked): `cargo build --locked --profile image -p fill-mirror`
+# (the workspace's `image` profile: Cargo.toml says why) for the
 # Rust target of docker's TARGETARCH, cross-compiled from the build machine's platform with
 # Debian's cross gcc (ring's C and assembly, and the link). Usage: build-binary.sh ARCH OUT.
 set -euo pipefail
@@ -17,6 +18,6 @@ if [[ $target != "$host" ]]; then
   upper=$(tr 'a-z-' 'A-Z_' <<<"$target")
   export "CARGO_TARGET_${upper}_LINKER=$gcc" "CC_${target//-/_}=$gcc"
 fi
-cargo build --locked --release -p fill-mirror --target "$target"
-install -D -m 0755 "${CARGO_TARGET_DIR:-target}/$target/release/fill-mirror" "$out"
+cargo build --locked --profile image -p fill-mirror --target "$target"
+install -D -m 0755 "${CARGO_TARGET_DIR:-target}/$target/image/fill-mirror" "$out"
 echo "build-binary.sh: $out for linux/$arch ($target)"
