@@ -30,6 +30,8 @@ mod record;
 mod report;
 mod running;
 #[cfg(test)]
+mod signed_check_tests;
+#[cfg(test)]
 mod signed_tests;
 mod unmirrored;
 mod verifier_read;

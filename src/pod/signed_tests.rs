@@ -6,16 +6,16 @@ use serde_json::{Value, json};
 
 use super::{ORIGINAL_IMAGES_ANNOTATION, Outcome, Verdict, admit};
 use crate::budget::tests::FakeClock;
-use crate::decide::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+use crate::decide::tests::{DIGEST_A, FakeRegistry, policy_from};
 use crate::registry::LookupError;
 use crate::verifiers::{Access, AccessReview, Cluster, NoCluster, PolicyKind};
 
-const KEY: &str = "-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----";
-const SWAPPED: &str = "m.io/hub/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-const BY_DIGEST: &str = "m.io/hub/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+pub(super) const KEY: &str = "-----BEGIN PUBLIC KEY-----\nKEY\n-----END PUBLIC KEY-----";
+pub(super) const SWAPPED: &str = "m.io/hub/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+pub(super) const BY_DIGEST: &str = "m.io/hub/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const SOURCE_AT_A: &str = "docker.io/library/nginx:1.27@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
-fn signed(extra: &str) -> String {
+pub(super) fn signed(extra: &str) -> String {
     format!(
         r#"{{"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"signatures":[{{"image":"nginx*","pubKeys":[{KEY:?}]}}]{extra}}}"#
     )
@@ -53,7 +53,7 @@ fn update(new: Value, old: Value) -> KubernetesAdmissionRequest {
 }
 
 /// The audit scanner's replay of a running Pod.
-fn scanned(image: &str) -> KubernetesAdmissionRequest {
+pub(super) fn scanned(image: &str) -> KubernetesAdmissionRequest {
     let mut request = update(pod(image, None), Value::Null);
     request.operation = "CREATE".to_string();
     request.uid = "0e5c".to_string();
@@ -61,7 +61,7 @@ fn scanned(image: &str) -> KubernetesAdmissionRequest {
     request
 }
 
-fn run(
+pub(super) fn run(
     settings: &str,
     request: KubernetesAdmissionRequest,
     registry: &mut FakeRegistry,
@@ -78,7 +78,7 @@ fn image_of(outcome: &Outcome) -> Option<&str> {
     }
 }
 
-fn unsigned() -> Result<String, LookupError> {
+pub(super) fn unsigned() -> Result<String, LookupError> {
     Err(LookupError::Unverified("no signatures found".to_string()))
 }
 
@@ -158,7 +158,7 @@ fn an_unsigned_image_set_under_the_mirrors_name_is_written_back_and_not_recorded
 }
 
 /// One ClusterAdmissionPolicy verifier covering `nginx*`.
-struct OneVerifier;
+pub(super) struct OneVerifier;
 
 impl Cluster for OneVerifier {
     fn list(&mut self, kind: PolicyKind, _namespace: Option<&str>) -> Result<Value, String> {
@@ -176,63 +176,6 @@ impl Cluster for OneVerifier {
             reason: String::new(),
         })
     }
-}
-
-const CHECK_WITH_VERIFIERS: &str = r#"{"action":"check","mirrors":[{"source":"docker.io","target":"m.io/hub"}],
-    "verifiers":[{"module":"*/verify-image-signatures:*"}]}"#;
-
-/// The check role applies the verifiers' rules: a running mirror image whose source no longer
-/// verifies under them is a finding; verifiers it cannot read make the check an error.
-#[test]
-fn the_check_role_reports_a_revocation_under_a_verifiers_rules() {
-    let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
-    let source = "docker.io/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-    registry
-        .verifications
-        .insert(source.to_string(), unsigned());
-    let outcome = run(
-        CHECK_WITH_VERIFIERS,
-        scanned(SWAPPED),
-        &mut registry,
-        &mut OneVerifier,
-    );
-    assert!(
-        matches!(&outcome.verdict, Verdict::Reject(message) if message.contains("no longer verifies at its source")),
-        "{outcome:?}"
-    );
-    let outcome = run(
-        CHECK_WITH_VERIFIERS,
-        scanned(SWAPPED),
-        &mut registry,
-        &mut NoCluster,
-    );
-    assert!(
-        matches!(&outcome.verdict, Verdict::Error(message) if message.contains("could not read the verifier policies")),
-        "{outcome:?}"
-    );
-}
-
-/// `verifySource: false` trusts the mirror's tags: the check compares the running digest with
-/// what the source's tag names now.
-#[test]
-fn the_check_role_reports_a_drifted_tag_when_the_mirrors_tags_are_trusted() {
-    let settings = signed(r#","action":"check","verifySource":false"#);
-    let mut registry = FakeRegistry::default().with(BY_DIGEST, Ok(DIGEST_A));
-    registry.verifications.insert(
-        "docker.io/library/nginx:1.27".to_string(),
-        Ok(DIGEST_B.to_string()),
-    );
-    let outcome = run(&settings, scanned(SWAPPED), &mut registry, &mut NoCluster);
-    assert!(
-        matches!(&outcome.verdict, Verdict::Reject(message) if message.contains(&format!("now names {DIGEST_B}"))),
-        "{outcome:?}"
-    );
-    registry.verifications.insert(
-        "docker.io/library/nginx:1.27".to_string(),
-        Ok(DIGEST_A.to_string()),
-    );
-    let outcome = run(&settings, scanned(SWAPPED), &mut registry, &mut NoCluster);
-    assert_eq!(outcome.verdict, Verdict::Accept);
 }
 
 /// A `module` pattern that matches no policy read is said, in a warning and an audit
@@ -360,43 +303,4 @@ fn verifiers_the_policy_server_may_not_list_or_watch_are_unreadable() {
         matches!(&checked.verdict, Verdict::Error(message) if message.contains("may not watch ClusterAdmissionPolicy objects")),
         "{checked:?}"
     );
-}
-
-/// Under a rule that also covers the mirror's name (`*`), the check role holds a running mirror
-/// image that verifies at its source to what the swap requires: the mirror's signature tag of
-/// its digest is the source's. Absent, or another manifest, is a finding naming the tag and
-/// both digests, with the copy; the same signature passes.
-#[test]
-fn the_check_role_compares_the_mirrors_signature_under_a_rule_on_the_mirrors_name() {
-    const SOURCE_SIG: &str = "docker.io/library/nginx:sha256-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sig";
-    const MIRROR_SIG: &str = "m.io/hub/library/nginx:sha256-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sig";
-    let settings = format!(
-        r#"{{"action":"check","mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"signatures":[{{"image":"*","pubKeys":[{KEY:?}]}}]}}"#
-    );
-    let at_mirror = |answer: Result<&str, LookupError>| {
-        let mut registry = FakeRegistry::default()
-            .with(BY_DIGEST, Ok(DIGEST_A))
-            .with(SOURCE_SIG, Ok(DIGEST_B))
-            .with(MIRROR_SIG, answer);
-        registry.verifications.insert(
-            "docker.io/library/nginx@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".to_string(),
-            Ok(DIGEST_A.to_string()),
-        );
-        run(&settings, scanned(SWAPPED), &mut registry, &mut NoCluster)
-    };
-    let absent = at_mirror(Err(LookupError::Absent("manifest unknown".to_string())));
-    assert!(
-        matches!(&absent.verdict, Verdict::Reject(message)
-            if message.contains("lacks its source's signature in the mirror")
-            && message.contains("the mirror lacks its signature tag sha256-")
-            && message.contains(&format!("docker://{SOURCE_SIG} docker://{MIRROR_SIG}"))),
-        "{absent:?}"
-    );
-    let another = at_mirror(Ok(DIGEST_A));
-    assert!(
-        matches!(&another.verdict, Verdict::Reject(message)
-            if message.contains(&format!("there is {DIGEST_A}, not the source's {DIGEST_B}"))),
-        "{another:?}"
-    );
-    assert_eq!(at_mirror(Ok(DIGEST_B)).verdict, Verdict::Accept);
 }
