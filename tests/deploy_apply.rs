@@ -8,9 +8,12 @@
 //!
 //! No kubelet and no Kubewarden controller run: a Job the page runs is played by running its
 //! containers' kubectl scripts here, as the Job's ServiceAccount; a `kubectl wait` for a policy's
-//! `PolicyActive` is read as "the policy and its PolicyServer exist".
+//! `PolicyActive` is read as "the policy and its PolicyServer exist". The install pages walked
+//! through block by block, on one API server: [`walkthrough`].
 
 mod rig;
+#[path = "deploy_apply/walkthrough.rs"]
+mod walkthrough;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
