@@ -214,6 +214,24 @@ impl Access {
         Ok(())
     }
 
+    /// The login skopeo gets for `host` from the auth file it reads (base64 of
+    /// `user:password`): the binary's own token for an `--ecr-registry` or `--gar-registry`
+    /// host, else the user's entry; None without one.
+    pub async fn login(&self, host: &str) -> Result<Option<String>, String> {
+        let Some(logins) = &self.logins else {
+            return Ok(None);
+        };
+        self.fresh(&[host.to_string()]).await?;
+        if let Some(token) = logins.state.lock().await.tokens.get(host) {
+            return Ok(Some(token.auth.clone()));
+        }
+        let Some(path) = &logins.user_file else {
+            return Ok(None);
+        };
+        let user = read_user_file(path).map_err(|e| format!("{e:#}"))?;
+        Ok(auth_file::entry(&user, host))
+    }
+
     /// Whether `host` is asked over plain HTTP (or unverified TLS): `--insecure`, or named in
     /// sources.yaml's `insecure_sources`.
     pub fn plain_http(&self, host: &str) -> bool {
