@@ -204,14 +204,28 @@ impl Access {
         Ok(access)
     }
 
-    /// Before a copy: the logins of its two hosts fresh in the auth file, and with
-    /// `--ecr-create-repositories`, its ECR repository made.
+    /// Before a copy: the logins of its two hosts fresh in the auth file.
     pub async fn prepare(&self, source: &str, destination: &str) -> Result<(), String> {
-        self.fresh(&[host_of(source), host_of(destination)]).await?;
-        if let Some(mutability) = &self.create {
-            self.repository(destination, mutability).await?;
+        self.fresh(&[host_of(source), host_of(destination)]).await
+    }
+
+    /// Whether a copy to `destination` would create its ECR repository first
+    /// (`--ecr-create-repositories`, an `--ecr-registry` host, a repository not yet seen): the
+    /// copy then asks the source first, so that no repository is made for an image that is gone.
+    pub fn creates_repository(&self, destination: &str) -> bool {
+        self.create.is_some()
+            && self
+                .repository_key(destination)
+                .is_some_and(|key| !self.known.lock().is_ok_and(|known| known.contains(&key)))
+    }
+
+    /// With `--ecr-create-repositories`: the ECR repository of `destination` made when ECR
+    /// says it does not exist.
+    pub async fn make_repository(&self, destination: &str) -> Result<(), String> {
+        match &self.create {
+            Some(mutability) => self.repository(destination, mutability).await,
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The login skopeo gets for `host` from the auth file it reads (base64 of

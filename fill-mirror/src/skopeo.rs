@@ -168,6 +168,25 @@ impl Skopeo {
         if let Err(error) = self.access.prepare(source, destination).await {
             return Outcome::Failed(error);
         }
+        // `--ecr-create-repositories`: no repository for a source that is gone or cannot be
+        // read, so the source answers first.
+        if self.access.creates_repository(destination) {
+            match self.inspect(source).await {
+                Presence::Exists => {}
+                Presence::Absent => {
+                    return Outcome::Gone(format!("the source has no {source}"));
+                }
+                Presence::Unknown(words) => {
+                    return Outcome::Failed(format!(
+                        "could not tell whether docker://{source} exists: {}",
+                        last_line(&words)
+                    ));
+                }
+            }
+            if let Err(error) = self.access.make_repository(destination).await {
+                return Outcome::Failed(error);
+            }
+        }
         let mut args = vec![
             "copy".to_string(),
             "--all".to_string(),

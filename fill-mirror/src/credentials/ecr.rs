@@ -41,6 +41,13 @@ pub(super) struct Ecr {
 }
 
 impl Access {
+    /// The `--ecr-registry` host and the repository of `destination`, when it is on one.
+    pub(super) fn repository_key(&self, destination: &str) -> Option<(String, String)> {
+        let reference = Reference::parse(destination).ok()?;
+        let ecr = self.ecr.get(reference.domain())?;
+        Some((ecr.host.clone(), reference.path().to_string()))
+    }
+
     /// With `--ecr-create-repositories`: the repository of `destination` made when its host is
     /// an `--ecr-registry` and ECR says it does not exist. One that another copier made in the
     /// meantime is as good.
@@ -49,14 +56,13 @@ impl Access {
         destination: &str,
         mutability: &str,
     ) -> Result<(), String> {
-        let Ok(reference) = Reference::parse(destination) else {
+        let Some(key) = self.repository_key(destination) else {
             return Ok(());
         };
-        let Some(ecr) = self.ecr.get(reference.domain()) else {
+        let Some(ecr) = self.ecr.get(&key.0) else {
             return Ok(());
         };
-        let name = reference.path().to_string();
-        let key = (ecr.host.clone(), name.clone());
+        let name = key.1.clone();
         if self.known.lock().is_ok_and(|known| known.contains(&key)) {
             return Ok(());
         }
