@@ -83,16 +83,15 @@ fn docker_hub(image: &str) -> bool {
     )
 }
 
-/// Docker Hub's 401 for a repository it does not have (or will not show these credentials),
-/// told from its token service refusing the credentials themselves. `words` in lower case.
+/// Docker Hub's 401 for a repository it does not have (or will not show these credentials):
+/// the registry's `UNAUTHORIZED` on the repository, in skopeo's words. `words` in lower case.
+/// The token service's refusal of bad credentials is not among them (skopeo: "unable to
+/// retrieve auth token: invalid username/password: unauthorized: incorrect username or
+/// password": "unauthorized" alone is not enough), so it stays a failure.
 fn docker_hub_absent(words: &str) -> bool {
-    let refused = words.contains("requested access to the resource is denied")
+    words.contains("requested access to the resource is denied")
         || words.contains("insufficient_scope")
-        || (words.contains("unauthorized") && words.contains("authentication required"));
-    let credentials_refused = words.contains("unable to retrieve auth token")
-        || words.contains("invalid username/password")
-        || words.contains("incorrect username or password");
-    refused && !credentials_refused
+        || (words.contains("unauthorized") && words.contains("authentication required"))
 }
 
 /// The last line of skopeo's words, for a log line.
