@@ -221,12 +221,12 @@ def manifests(path):
 
 # (page, the heading of its section, the deploy/ overlay whose objects the section shows).
 SECTIONS = [
-    ("install.md", "## EKS with ECR", "eks-ecr"),
-    ("install.md", "## GKE with an Artifact Registry remote repository", "gke-artifact-registry"),
-    ("operations.md", "### A CronJob that renews the Secret (ECR)", "eks-ecr"),
-    ("operations.md", "### The fill controller", "registry"),
-    ("operations.md", "### The fill controller on ECR", "eks-ecr"),
-    ("operations.md", "## Monitoring", "registry"),
+    ("install-eks.md", "# EKS with ECR", "eks-ecr"),
+    ("install-gke.md", "# GKE with an Artifact Registry remote repository", "gke-artifact-registry"),
+    ("credentials.md", "## A CronJob that renews the Secret (ECR)", "eks-ecr"),
+    ("fill-mirror.md", "## The fill controller", "registry"),
+    ("fill-mirror.md", "## The fill controller on ECR", "eks-ecr"),
+    ("monitoring.md", "# Monitoring", "registry"),
 ]
 
 

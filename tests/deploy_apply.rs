@@ -1,5 +1,5 @@
 //! `deploy/` on a real API server (kube-apiserver 1.36 from the real tools): every overlay applied
-//! with the commands docs/install.md (and docs/migrating.md) type, in their order, on Kubewarden's
+//! with the commands docs/install*.md (and docs/migrating.md) type, in their order, on Kubewarden's
 //! CRDs of 1.35 and of 1.38, the monitoring CRDs the overlays render
 //! (`tests/deploy_apply/monitoring_crds.yaml`), and a stand-in for the one rule of Kubewarden's
 //! controller that an install meets at apply time: its PolicyServer webhook refuses a
@@ -372,6 +372,28 @@ fn install_commands(page: &str, overlay: &str) -> Option<Vec<Vec<String>>> {
     found.pop()
 }
 
+/// The install page (`docs/install.md` or a platform's `docs/install-*.md`) whose console block
+/// applies `deploy/<overlay>`, with that block's commands: exactly one page installs each overlay.
+fn install_page(overlay: &str) -> (String, Vec<Vec<String>>) {
+    let mut pages: Vec<String> = std::fs::read_dir(rig::root().join("docs"))
+        .expect("docs/")
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("install") && name.ends_with(".md"))
+        .collect();
+    pages.sort();
+    let mut found: Vec<(String, Vec<Vec<String>>)> = pages
+        .into_iter()
+        .filter_map(|page| Some((page.clone(), install_commands(&page, overlay)?)))
+        .collect();
+    let names: Vec<&str> = found.iter().map(|(page, _)| page.as_str()).collect();
+    assert_eq!(
+        names.len(),
+        1,
+        "docs/install*.md: pages with a console block applying deploy/{overlay}: {names:?}"
+    );
+    found.remove(0)
+}
+
 /// The `kubectl` on PATH.
 fn real_kubectl() -> PathBuf {
     std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
@@ -738,7 +760,7 @@ fn check_installed(plane: &ControlPlane, overlay: &str, how: &str) {
 }
 
 /// Installs `overlay` on a fresh API server per Kubewarden release, with the commands of each page
-/// that has a console block applying it, as typed; install.md must have one.
+/// that has a console block applying it, as typed; one install page must have one.
 fn installs_as_typed(overlay: &str) {
     let Some(tools) = RealTools::find(&format!("deploy_apply {overlay}")) else {
         return;
@@ -747,16 +769,11 @@ fn installs_as_typed(overlay: &str) {
         overlays().contains(&overlay.to_string()),
         "no deploy/{overlay}"
     );
-    let install = install_commands("install.md", overlay)
-        .unwrap_or_else(|| panic!("install.md: no console block applies deploy/{overlay}"));
+    let (page, install) = install_page(overlay);
     for (release, folder) in RELEASES {
         let (plane, _controller) = kubewarden_installed(&tools, folder);
-        run_as_typed(&plane, "install.md", &install);
-        check_installed(
-            &plane,
-            overlay,
-            &format!("install.md on Kubewarden {release}"),
-        );
+        run_as_typed(&plane, &page, &install);
+        check_installed(&plane, overlay, &format!("{page} on Kubewarden {release}"));
     }
     if let Some(migrating) = install_commands("migrating.md", overlay) {
         let (release, folder) = RELEASES[1];

@@ -7,7 +7,7 @@
 //! requests in flight at once, each to a replica the Service picks, each given up by its client
 //! after 10 s (an `error` in the report) while policy-server goes on with it. A pruned image is
 //! looked up again for each of its Pods (the host caches only successes); a present one once per
-//! replica. At the sizing docs/operations.md gives, every affected Pod is a `fail` and none an
+//! replica. At the sizing docs/sizing.md gives, every affected Pod is a `fail` and none an
 //! `error`; after the fill controller's copies, the next scan passes every Pod.
 
 mod rig;
@@ -262,7 +262,7 @@ impl Wave {
     }
 }
 
-/// The figures docs/operations.md gives ("Sizing the check": `parallelResources / replicas x L
+/// The figures docs/sizing.md gives ("Sizing the check": `parallelResources / replicas x L
 /// x N < 6 s`, with L the real hosts' measured lookup time 50 ms away, N one lookup a Pod): 27
 /// requests in flight per replica on 1.31, 17 on 1.35; on 1.38, whose lookups run in parallel
 /// up to the workers, `parallelResources / (replicas x workers) x L x N < 6 s`: 34 with 2
@@ -277,7 +277,7 @@ fn documented_parallel_resources(replicas: usize, model: HostModel) -> usize {
         }
 }
 
-/// The sizing docs/operations.md gives for a prune wave: one replica, `parallelResources` by
+/// The sizing docs/sizing.md gives for a prune wave: one replica, `parallelResources` by
 /// the rule (27 on 1.31's lookups, 17 on 1.35's). Every Pod of a pruned image is a `fail`, none
 /// an `error`; the fill controller restores exactly the 10 pruned digests; the next scan passes
 /// all 300.
@@ -367,7 +367,7 @@ fn a_prune_wave_at_the_documented_sizing_is_all_fail_and_the_fill_controller_cle
 }
 
 /// What the scanner's defaults do to the same wave on one replica: 100 requests in flight queue
-/// behind the lock past the client's 10 s. Prints the figures docs/operations.md gives beside
+/// behind the lock past the client's 10 s. Prints the figures docs/sizing.md gives beside
 /// the real policy-server's.
 #[test]
 fn a_prune_wave_with_the_scanners_defaults_turns_findings_into_errors() {
