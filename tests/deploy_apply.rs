@@ -808,7 +808,12 @@ fn installs_as_typed(overlay: &str) {
 fn every_overlay_has_an_install_test() {
     assert_eq!(
         overlays(),
-        ["eks-ecr", "gke-artifact-registry", "registry"],
+        [
+            "eks-ecr",
+            "eks-ecr-pull-through",
+            "gke-artifact-registry",
+            "registry"
+        ],
         "an overlay without its `installs_as_typed` test below (or one gone)"
     );
 }
@@ -816,6 +821,11 @@ fn every_overlay_has_an_install_test() {
 #[test]
 fn eks_ecr_installs_as_the_pages_type_it() {
     installs_as_typed("eks-ecr");
+}
+
+#[test]
+fn eks_ecr_pull_through_installs_as_the_pages_type_it() {
+    installs_as_typed("eks-ecr-pull-through");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod rig;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -998,12 +998,22 @@ fn allowed_on(policy: &serde_json::Value, action: &str) -> Vec<String> {
 
 /// The mirror of deploy/eks-ecr: (account, region, repository prefix), from its one value.
 fn eks_mirror() -> (String, String, String) {
-    let kustomization = read(&rig::root().join("deploy/eks-ecr/kustomization.yaml"));
+    overlay_mirror("eks-ecr")
+}
+
+/// The mirror of `deploy/<overlay>`: (account, region, repository prefix), from its one value.
+fn overlay_mirror(overlay: &str) -> (String, String, String) {
+    let kustomization = read(
+        &rig::root()
+            .join("deploy")
+            .join(overlay)
+            .join("kustomization.yaml"),
+    );
     let mirror = kustomization
         .lines()
         .find_map(|l| l.trim().strip_prefix("- mirror="))
         .and_then(|l| l.split_whitespace().next())
-        .expect("deploy/eks-ecr: the mirror= value")
+        .unwrap_or_else(|| panic!("deploy/{overlay}: the mirror= value"))
         .to_string();
     let (host, prefix) = mirror.split_once('/').expect("host/prefix");
     let parts: Vec<&str> = host.split('.').collect();
@@ -1025,6 +1035,7 @@ fn eks_mirror() -> (String, String, String) {
 #[test]
 fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
     let (account, region, prefix) = eks_mirror();
+    let cache_prefix = overlay_mirror("eks-ecr-pull-through").2;
     let repositories =
         |prefix: &str| format!("arn:aws:ecr:{region}:{account}:repository/{prefix}/*");
     // The `aws ecr` subcommands a role's code calls, and the IAM action each needs.
@@ -1053,25 +1064,33 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
         .into_iter()
         .find(|(place, _)| place == "deploy/eks-ecr")
         .expect("deploy/eks-ecr");
-    let controller = eks
-        .iter()
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "fill-mirror")
-        .expect("deploy/eks-ecr: the fill-mirror Deployment");
-    let args: Vec<&str> = controller["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["name"] == "fill-mirror")
-        .flat_map(|c| c["args"].as_array().into_iter().flatten())
-        .filter_map(|a| a.as_str())
-        .collect();
+    // The fallback where no repository creation template applies (the component
+    // without-creation-template) runs with the same role: its flags and its lifecycle CronJob.
+    let fallback = rendered_with_component("eks-ecr", "without-creation-template");
+    let args_of = |documents: &[serde_json::Value]| -> Vec<String> {
+        documents
+            .iter()
+            .filter(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "fill-mirror")
+            .flat_map(|d| {
+                d["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .cloned()
+            })
+            .flatten()
+            .filter(|c| c["name"] == "fill-mirror")
+            .flat_map(|c| c["args"].as_array().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect()
+    };
+    let args = args_of(&eks);
     let host = format!("{account}.dkr.ecr.{region}.amazonaws.com");
     assert!(
-        args.contains(&format!("--ecr-registry={host}").as_str()),
+        args.contains(&format!("--ecr-registry={host}")),
         "the fill controller's token is not the mirror's ({host}): {args:?}"
     );
     let mut fill_job: BTreeSet<&'static str> = args
         .iter()
+        .chain(&args_of(&fallback))
         .flat_map(|arg| match arg.split('=').next().unwrap_or_default() {
             "--ecr-registry" => vec!["ecr:GetAuthorizationToken"],
             "--ecr-create-repositories" => {
@@ -1084,10 +1103,18 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
             _ => vec![],
         })
         .collect();
-    let lifecycle = read(&rig::root().join("deploy/eks-ecr/mirror-lifecycle.yaml"));
+    let lifecycle = fallback
+        .iter()
+        .find(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-lifecycle")
+        .map(|d| d.to_string())
+        .expect("without-creation-template: the mirror-lifecycle CronJob");
     fill_job.extend(calls(&lifecycle));
+    // Kept for create-on-push too: which permission a push that creates a repository by the
+    // template checks is not stated in the AWS pages read (docs/development.md).
+    fill_job.insert("ecr:CreateRepository");
     assert!(
-        fill_job.contains("ecr:CreateRepository") && fill_job.contains("ecr:PutLifecyclePolicy"),
+        fill_job.contains("ecr:DescribeRepositories")
+            && fill_job.contains("ecr:PutLifecyclePolicy"),
         "{fill_job:?}"
     );
     let pull = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"];
@@ -1109,7 +1136,7 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
     for (file, needs, under) in [
         ("fill-job.json", &fill_job, prefix.as_str()),
         ("policy-server-reader.json", &reader, prefix.as_str()),
-        ("pull-through-cache.json", &cache, "docker-hub"),
+        ("pull-through-cache.json", &cache, cache_prefix.as_str()),
     ] {
         let policy = iam_policy(file);
         assert_eq!(policy["Version"], "2012-10-17", "{file}");
@@ -1154,6 +1181,99 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
             }
         }
     }
+}
+
+/// The IAM documents of `deploy/eks-ecr/aws/` are what `render.sh` makes of the overlays' one
+/// value each (the mirror), byte for byte: the copying overlay's trust policies, fill-job.json
+/// and policy-server-reader.json, the pull-through overlay's pull-through-cache.json; and a
+/// mirror of another account, region and prefix is rendered into every ARN and the OIDC
+/// provider, with nothing of the example's left.
+#[test]
+fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
+    const OIDC: &str = "EXAMPLED539D4633E53DE1B71EXAMPLE";
+    let script = rig::root().join("deploy/eks-ecr/aws/render.sh");
+    let scratch = std::env::temp_dir().join(format!("image-swapper-render-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let render = |overlay: &Path, oidc: &str| -> BTreeMap<String, String> {
+        let out = scratch.join("out");
+        let _ = std::fs::remove_dir_all(&out);
+        let output = Command::new("bash")
+            .arg(&script)
+            .arg(overlay)
+            .arg(oidc)
+            .arg(&out)
+            .output()
+            .expect("bash with jq");
+        assert!(output.status.success(), "{output:?}");
+        std::fs::read_dir(&out)
+            .expect("rendered")
+            .filter_map(Result::ok)
+            .map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, read(&e.path()))
+            })
+            .collect()
+    };
+    let mut rendered = 0;
+    for (overlay, files) in [
+        (
+            "eks-ecr",
+            &[
+                "irsa-trust-mirror-credentials.json",
+                "irsa-trust-fill-mirror.json",
+                "fill-job.json",
+                "policy-server-reader.json",
+            ][..],
+        ),
+        (
+            "eks-ecr-pull-through",
+            &[
+                "irsa-trust-mirror-credentials.json",
+                "irsa-trust-fill-mirror.json",
+                "pull-through-cache.json",
+            ][..],
+        ),
+    ] {
+        let made = render(&rig::root().join("deploy").join(overlay), OIDC);
+        assert_eq!(
+            made.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+            files.iter().copied().collect::<BTreeSet<_>>(),
+            "deploy/{overlay}"
+        );
+        for (name, text) in &made {
+            assert_eq!(
+                &read(&rig::root().join("deploy/eks-ecr/aws").join(name)),
+                text,
+                "deploy/eks-ecr/aws/{name} is not what render.sh makes of deploy/{overlay}'s mirror"
+            );
+            rendered += 1;
+        }
+    }
+    assert_eq!(rendered, 7);
+    // Another mirror: the one value reaches every ARN.
+    let dir = scratch.join("overlay");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kustomization = read(&rig::root().join("deploy/eks-ecr/kustomization.yaml")).replace(
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/cache",
+        "210987654321.dkr.ecr.ap-south-2.amazonaws.com/mirror",
+    );
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).expect("kustomization");
+    std::fs::copy(
+        rig::root().join("deploy/eks-ecr/settings.yaml"),
+        dir.join("settings.yaml"),
+    )
+    .expect("settings");
+    for (name, text) in render(&dir, "0123ABCD") {
+        for old in ["123456789012", "eu-west-1", "/cache/", OIDC] {
+            assert!(!text.contains(old), "{name} keeps {old}: {text}");
+        }
+        assert!(text.contains("210987654321"), "{name}: {text}");
+        let arns_prefixed = !text.contains("repository/")
+            || text.contains("repository/mirror/*")
+            || name == "fill-job.json";
+        assert!(arns_prefixed, "{name}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 /// Every `aws` command of install-eks.md and migrating.md, as the AWS CLI parses it (its own
@@ -1268,16 +1388,49 @@ fn every_aws_command_of_the_docs_is_a_valid_request() {
     );
 }
 
-/// The overlay's lifecycle CronJob, its script run against moto's ECR (whose PutLifecyclePolicy
+/// `deploy/<overlay>` with its component `deploy/<overlay>/<component>` added, as a user adds
+/// it (a line of `components:`), rendered: a kustomization in a scratch folder naming both by
+/// relative paths (kustomize refuses absolute ones).
+fn rendered_with_component(overlay: &str, component: &str) -> Vec<serde_json::Value> {
+    let dir = std::env::temp_dir().join(format!(
+        "image-swapper-component-{}-{component}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    let up = "../".repeat(dir.components().count() - 1);
+    let root = rig::root();
+    let root = root.to_string_lossy();
+    let root = root.trim_start_matches('/');
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {up}{root}/deploy/{overlay}\ncomponents:\n  - {up}{root}/deploy/{overlay}/{component}\n"
+        ),
+    )
+    .expect("kustomization");
+    let output = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .expect("kubectl");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        output.status.success(),
+        "deploy/{overlay} with {component}: {output:?}"
+    );
+    serde_yaml::Deserializer::from_slice(&output.stdout)
+        .map(|document| serde::Deserialize::deserialize(document).expect("rendered YAML"))
+        .collect()
+}
+
+/// The lifecycle CronJob of the overlay's fallback component (without-creation-template), its
+/// script run against moto's ECR (whose PutLifecyclePolicy
 /// validates the policy as ECR's grammar has it): every repository under the mirror's prefix
 /// without a lifecycle policy gets `deploy/eks-ecr/aws/lifecycle-policy.json`, one with its own
 /// keeps it, one outside the prefix is left alone, and a second run changes nothing.
 #[test]
 fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
-    let (_, eks) = rendered_overlays()
-        .into_iter()
-        .find(|(place, _)| place == "deploy/eks-ecr")
-        .expect("deploy/eks-ecr");
+    let eks = rendered_with_component("eks-ecr", "without-creation-template");
     let job = eks
         .iter()
         .find(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-lifecycle")
@@ -1365,7 +1518,9 @@ fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
 /// The roles install-eks.md creates for deploy/eks-ecr are the ones its ServiceAccounts name: each
 /// `aws iam create-role --role-name R --assume-role-policy-document file://…/irsa-trust-SA.json`
 /// trusts exactly `system:serviceaccount:kubewarden:SA` (for `sts.amazonaws.com`), and the
-/// overlay's ServiceAccount SA carries `eks.amazonaws.com/role-arn` of role R.
+/// overlay's ServiceAccount SA carries `eks.amazonaws.com/role-arn` of role R; each role made
+/// for EKS Pod Identity trusts the agent (`pods.eks.amazonaws.com`, `sts:AssumeRole` and
+/// `sts:TagSession`) and is associated with a ServiceAccount the overlay makes.
 #[test]
 fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
     let install = read(&rig::root().join("docs/install-eks.md")).replace("\\\n", " ");
@@ -1374,6 +1529,7 @@ fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
         .find(|(place, _)| place == "deploy/eks-ecr")
         .expect("deploy/eks-ecr");
     let mut checked = 0;
+    let mut pod_identity = 0;
     for command in install
         .lines()
         .filter(|l| l.starts_with("aws iam create-role "))
@@ -1390,6 +1546,39 @@ fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
         let role = after("--role-name");
         let trust_path = after("--assume-role-policy-document");
         let trust_path = trust_path.strip_prefix("file://").expect("file://");
+        if trust_path.ends_with("pod-identity-trust.json") {
+            // EKS Pod Identity: the agent's principal, and an association of this role with a
+            // ServiceAccount of the overlay.
+            let trust = rig::read_json(&rig::root().join(trust_path));
+            assert_eq!(
+                trust["Statement"][0]["Principal"]["Service"], "pods.eks.amazonaws.com",
+                "{trust_path}"
+            );
+            assert_eq!(
+                trust["Statement"][0]["Action"],
+                serde_json::json!(["sts:AssumeRole", "sts:TagSession"]),
+                "{trust_path}"
+            );
+            let association = install
+                .lines()
+                .filter(|l| l.starts_with("aws eks create-pod-identity-association "))
+                .find(|l| l.ends_with(&format!(":role/{role}")))
+                .unwrap_or_else(|| panic!("install.md: no Pod Identity association for {role}"));
+            let words: Vec<&str> = association.split_whitespace().collect();
+            let account = words
+                .iter()
+                .position(|w| *w == "--service-account")
+                .and_then(|i| words.get(i + 1))
+                .expect("--service-account");
+            assert!(
+                eks.iter().any(|d| d["kind"] == "ServiceAccount"
+                    && d["metadata"]["name"] == *account
+                    && d["metadata"]["namespace"] == "kubewarden"),
+                "install.md associates {role} with {account}, which deploy/eks-ecr does not make"
+            );
+            pod_identity += 1;
+            continue;
+        }
         let account = trust_path
             .rsplit_once("irsa-trust-")
             .and_then(|(_, name)| name.strip_suffix(".json"))
@@ -1426,7 +1615,11 @@ fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 2, "the read role and the fill job's");
+    assert_eq!(checked, 2, "the read role and the fill job's, by IRSA");
+    assert_eq!(
+        pod_identity, 2,
+        "the read role and the fill job's, by EKS Pod Identity"
+    );
 }
 
 /// Every overlay that runs the fill controller runs the release's image, by the tag of the

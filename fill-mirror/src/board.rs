@@ -2,67 +2,16 @@
 //! Pods ask), what became of each, the per-source backoff, and which Pods' records can be
 //! marked. The watch and the one-shot run drive it; its decisions are tested here.
 
+mod marks;
+mod outcome;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use image_swapper_policy::pod::fill::{Copy, FillRecord};
 
-/// What a copy attempt ended in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Copied now.
-    Copied,
-    /// The destination exists already: never copied over (that could move a tag).
-    Present,
-    /// The source registry says it has no such image: the registry's words.
-    Gone(String),
-    /// The source registry answered 429 or 5xx: its words, and its `Retry-After` when given.
-    Throttled(String, Option<Duration>),
-    /// Anything else: the words.
-    Failed(String),
-    /// Not copied on purpose, for good (a signature of a digest the source's tag no longer
-    /// names): why, naming both digests.
-    Refused(String),
-}
-
-impl Outcome {
-    /// The `result` label of `fill_mirror_copies_total`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Copied => "copied",
-            Outcome::Present => "present",
-            Outcome::Gone(_) => "gone",
-            Outcome::Throttled(..) | Outcome::Failed(_) => "failed",
-            Outcome::Refused(_) => "refused",
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    Queued,
-    Running,
-    /// The mirror holds it since then.
-    Done(SystemTime),
-    /// The source has none, or the copy was refused: not tried again until asked again.
-    Gone,
-    /// Failed, and not tried again (the one-shot run).
-    Failed,
-}
-
-#[derive(Clone, Debug)]
-pub struct CopyItem {
-    pub copy: Copy,
-    /// For the copy of a signature a record names: the image it signs, as the source names it
-    /// (by tag, or pinned), so that the copy can be refused when that tag has moved on.
-    pub signs: Option<String>,
-    pub status: Status,
-    /// When the first Pod that asks for it was recorded: the start of `time_to_mirror`.
-    pub asked: SystemTime,
-    /// Not before then (its own backoff after a failure).
-    not_before: Option<Instant>,
-    delay: Option<Duration>,
-}
+pub use marks::{Mark, MarkResult};
+pub use outcome::{Backoff, CopyItem, Outcome, Status};
 
 #[derive(Clone, Debug)]
 struct PodState {
@@ -74,48 +23,6 @@ struct PodState {
     refused_text: Option<String>,
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,
-}
-
-/// A Pod whose record has entries the mirror now holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mark {
-    pub pod: String,
-    pub text: String,
-    pub filled: Vec<String>,
-}
-
-/// How a mark patch ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MarkResult {
-    Marked,
-    /// The record changed since it was read (the patch's `test` failed) or the Pod is gone:
-    /// read again at its next event.
-    Final,
-    /// The API server could not take it now (429, 5xx, a timeout): again later.
-    Retry,
-}
-
-/// The backoff's bounds: a failed copy waits `retry` first, doubled at each failure up to
-/// `max`.
-#[derive(Clone, Copy, Debug)]
-pub struct Backoff {
-    pub retry: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            retry: Duration::from_secs(10),
-            max: Duration::from_secs(300),
-        }
-    }
-}
-
-impl Backoff {
-    fn next(&self, previous: Option<Duration>) -> Duration {
-        previous.map_or(self.retry, |d| (d * 2).min(self.max))
-    }
 }
 
 #[derive(Debug)]
@@ -406,69 +313,6 @@ impl Board {
             }
         }
         counts
-    }
-
-    /// The Pods whose entries the mirror now holds (the image's copy, and its signature's when
-    /// the entry names one), made at or after the Pod's record; none that waits for a retry or
-    /// whose record was refused a mark as it is.
-    pub fn marks(&self, now: Instant) -> Vec<Mark> {
-        self.pods
-            .iter()
-            .filter(|(_, pod)| pod.retry_at.is_none_or(|at| at <= now))
-            .filter(|(_, pod)| pod.refused_text.as_deref() != Some(pod.record.text.as_str()))
-            .filter_map(|(key, pod)| {
-                let holds = |copy: &Copy| {
-                    self.copies.get(&copy.destination).is_some_and(|item| {
-                        matches!(item.status, Status::Done(made)
-                        if pod.created.is_none_or(|c| whole_seconds(c) <= whole_seconds(made)))
-                    })
-                };
-                let filled: Vec<String> = pod
-                    .record
-                    .entries
-                    .iter()
-                    .filter(|e| holds(&e.copy) && e.signature.as_ref().is_none_or(holds))
-                    .map(|e| e.container.clone())
-                    .collect();
-                (!filled.is_empty()).then(|| Mark {
-                    pod: key.clone(),
-                    text: pod.record.text.clone(),
-                    filled,
-                })
-            })
-            .collect()
-    }
-
-    /// Records how a mark ended.
-    pub fn marked(&mut self, mark: &Mark, result: MarkResult, now: Instant) {
-        let Some(pod) = self.pods.get_mut(&mark.pod) else {
-            return;
-        };
-        if pod.record.text != mark.text {
-            return;
-        }
-        match result {
-            MarkResult::Marked => {
-                // Its next event says what is left of the record.
-                let filled: BTreeSet<&str> = mark.filled.iter().map(String::as_str).collect();
-                pod.record
-                    .entries
-                    .retain(|e| !filled.contains(e.container.as_str()));
-                if pod.record.entries.is_empty() {
-                    self.pods.remove(&mark.pod);
-                } else {
-                    pod.refused_text = Some(mark.text.clone());
-                }
-            }
-            MarkResult::Final => pod.refused_text = Some(mark.text.clone()),
-            MarkResult::Retry => {
-                let delay = pod.retry_delay.map_or(Duration::from_secs(5), |d| {
-                    (d * 2).min(Duration::from_secs(60))
-                });
-                pod.retry_delay = Some(delay);
-                pod.retry_at = Some(now + delay);
-            }
-        }
     }
 }
 

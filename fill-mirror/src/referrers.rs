@@ -2,8 +2,11 @@
 //! "Listing Referrers"): the one registry request skopeo cannot make, so it is made here, over
 //! the same TLS stack as the rest of the binary (rustls with ring). A registry that does not
 //! serve it answers 404; then the tag schema (`sha256-<hex>`) is read instead (`attached.rs`).
-//! Anonymous, as skopeo's pull of a public image is: a registry that asks for a token
-//! (`WWW-Authenticate: Bearer realm=…`) gets one from its realm without credentials.
+//! With the login skopeo gets for the host (the merged auth file: the user's entry, or the
+//! binary's own ECR or Artifact Registry token), sent only when the registry asks for one: to a
+//! `WWW-Authenticate: Basic` challenge as Basic, to a `Bearer realm=…` challenge by the Docker
+//! registry token protocol (the realm asked for a token with the login, anonymously without
+//! one), so that a private source's referrers travel as its image does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,15 +114,18 @@ impl Referrers {
         };
         let origin = format!("{scheme}://{host}");
         let mut url = format!("{origin}/v2/{path}/referrers/{digest}");
-        let mut token = None;
+        // The `Authorization` sent once a challenge asked for one.
+        let mut authorization: Option<String> = None;
         let mut listed = Vec::new();
         // A registry may page the answer: each page names the next in `Link` (`rel="next"`).
         for _ in 0..MAX_PAGES {
-            let (mut answer, challenge) = self.get(&url, token.as_deref()).await?;
-            if let (401, Some(challenge), None) = (answer.status, challenge, &token) {
-                let fresh = self.token(&challenge).await?;
-                answer = self.get(&url, Some(&fresh)).await?.0;
-                token = Some(fresh);
+            let (mut answer, challenge) = self.get(&url, authorization.as_deref()).await?;
+            if let (401, Some(challenge), None) = (answer.status, challenge, &authorization) {
+                // The login of the host the image names (`docker.io`, not its API host).
+                let login = self.access.login(repository_host(repository)).await?;
+                let answered = self.answer(&challenge, login.as_deref()).await?;
+                answer = self.get(&url, Some(&answered)).await?.0;
+                authorization = Some(answered);
             }
             match answer.status {
                 200 => listed.extend(
@@ -140,15 +146,31 @@ impl Referrers {
         ))
     }
 
-    /// One GET: the answer, and a Bearer challenge when one came.
+    /// The `Authorization` that answers `challenge` (a `WWW-Authenticate` value) with `login`
+    /// (base64 of `user:password`, a docker config's `auth`): Basic with the login itself,
+    /// Bearer with a token its realm gives for the login (or anonymously without one).
+    async fn answer(&self, challenge: &str, login: Option<&str>) -> Result<String, String> {
+        if scheme_is(challenge, "Basic") {
+            return match login {
+                Some(login) => Ok(format!("Basic {login}")),
+                None => Err(format!(
+                    "the registry asks for credentials ({challenge}) and the auth file has none for it"
+                )),
+            };
+        }
+        let token = self.token(challenge, login).await?;
+        Ok(format!("Bearer {token}"))
+    }
+
+    /// One GET: the answer, and a Basic or Bearer challenge when one came.
     async fn get(
         &self,
         url: &str,
-        token: Option<&str>,
+        authorization: Option<&str>,
     ) -> Result<(Answer, Option<String>), String> {
         let mut request = http::Request::get(url).header(http::header::ACCEPT, INDEX);
-        if let Some(token) = token {
-            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        if let Some(authorization) = authorization {
+            request = request.header(http::header::AUTHORIZATION, authorization);
         }
         let request = request
             .body(Empty::new())
@@ -164,7 +186,7 @@ impl Referrers {
                 .headers()
                 .get(http::header::WWW_AUTHENTICATE)
                 .and_then(|value| value.to_str().ok())
-                .filter(|value| value.starts_with("Bearer "))
+                .filter(|value| scheme_is(value, "Bearer") || scheme_is(value, "Basic"))
                 .map(str::to_string);
             let next = response
                 .headers()
@@ -185,9 +207,10 @@ impl Referrers {
             .map_err(|_| format!("GET {url}: no answer within {TIMEOUT:?}"))?
     }
 
-    /// An anonymous token from a Bearer challenge's realm (the Docker registry token
-    /// protocol: `GET realm?service=…&scope=…`, answering `token` or `access_token`).
-    async fn token(&self, challenge: &str) -> Result<String, String> {
+    /// A token from a Bearer challenge's realm (the Docker registry token protocol:
+    /// `GET realm?service=…&scope=…`, with the login as Basic when there is one, answering
+    /// `token` or `access_token`).
+    async fn token(&self, challenge: &str, login: Option<&str>) -> Result<String, String> {
         let fields = challenge_fields(challenge);
         let realm = fields
             .iter()
@@ -204,9 +227,15 @@ impl Referrers {
         } else {
             format!("{realm}?{}", query.join("&"))
         };
-        let (answer, _) = self.get(&url, None).await?;
+        let basic = login.map(|login| format!("Basic {login}"));
+        let (answer, _) = self.get(&url, basic.as_deref()).await?;
         if answer.status != 200 {
-            return Err(format!("GET {url}: {} (no anonymous token)", answer.status));
+            let whose = if login.is_some() {
+                "no token for the auth file's login"
+            } else {
+                "no anonymous token"
+            };
+            return Err(format!("GET {url}: {} ({whose})", answer.status));
         }
         let answer: Value =
             serde_json::from_slice(&answer.body).map_err(|error| format!("GET {url}: {error}"))?;
@@ -242,10 +271,26 @@ pub fn index_digests(body: &[u8]) -> Option<Vec<String>> {
     )
 }
 
+/// The host part of `host/path`.
+fn repository_host(repository: &str) -> &str {
+    repository.split('/').next().unwrap_or(repository)
+}
+
+/// Whether a `WWW-Authenticate` value is a challenge of `scheme` (case-insensitive, RFC 9110).
+fn scheme_is(challenge: &str, scheme: &str) -> bool {
+    challenge
+        .split_once(' ')
+        .map_or(challenge, |(first, _)| first)
+        .eq_ignore_ascii_case(scheme)
+}
+
 /// `key="value"` pairs of a `WWW-Authenticate: Bearer …` challenge.
 fn challenge_fields(challenge: &str) -> Vec<(String, String)> {
     let mut fields = Vec::new();
-    let mut rest = challenge.trim_start_matches("Bearer ").trim();
+    let mut rest = challenge
+        .split_once(' ')
+        .map_or("", |(_, fields)| fields)
+        .trim();
     while let Some((key, after)) = rest.split_once('=') {
         let key = key.trim().trim_start_matches(',').trim().to_string();
         let (value, after) = match after.strip_prefix('"') {

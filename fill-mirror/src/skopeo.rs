@@ -51,10 +51,47 @@ fn throttled(words: &str) -> bool {
     })
 }
 
-fn absent(words: &str) -> bool {
+/// Whether skopeo's `words` about `image` say the registry has no such image. Docker Hub's
+/// registry answers the manifest of a repository that does not exist with 401, not 404: its
+/// token service gives a token to anyone for any scope (docker/hub-feedback#1771), and the
+/// registry then refuses that token with `UNAUTHORIZED` "authentication required",
+/// `error="insufficient_scope"` (distribution's `errcode` `ErrorCodeUnauthorized`; Docker Hub's
+/// answer as distribution#2624 quotes it), which skopeo prints as "denied: requested access to
+/// the resource is denied / unauthorized: authentication required" and docker as "pull access
+/// denied …, repository does not exist or may require 'docker login'". So for a `docker.io`
+/// image that 401 is "gone". Bad credentials never get that far: the token service refuses
+/// them first (401 "incorrect username or password"; skopeo: "unable to retrieve auth token:
+/// invalid username/password"), so those words stay a failure. With good credentials of an
+/// account that may not read a private repository the answer is the same 401: gone for us too.
+fn absent(image: &str, words: &str) -> bool {
     let words = words.to_ascii_lowercase();
     ABSENT_WORDS.iter().any(|w| words.contains(w))
         || (words.contains("repository \"") && words.contains("\" not found"))
+        || (docker_hub(image) && docker_hub_absent(&words))
+}
+
+/// Whether `image` is on Docker Hub (as the policy normalises it: `docker.io`, or its API and
+/// index hosts named outright).
+fn docker_hub(image: &str) -> bool {
+    let host = match image_swapper_policy::reference::Reference::parse(image) {
+        Ok(reference) => reference.domain().to_string(),
+        Err(_) => image.split('/').next().unwrap_or_default().to_string(),
+    };
+    matches!(
+        host.as_str(),
+        "docker.io" | "index.docker.io" | "registry-1.docker.io"
+    )
+}
+
+/// Docker Hub's 401 for a repository it does not have (or will not show these credentials):
+/// the registry's `UNAUTHORIZED` on the repository, in skopeo's words. `words` in lower case.
+/// The token service's refusal of bad credentials is not among them (skopeo: "unable to
+/// retrieve auth token: invalid username/password: unauthorized: incorrect username or
+/// password": "unauthorized" alone is not enough), so it stays a failure.
+fn docker_hub_absent(words: &str) -> bool {
+    words.contains("requested access to the resource is denied")
+        || words.contains("insufficient_scope")
+        || (words.contains("unauthorized") && words.contains("authentication required"))
 }
 
 /// The last line of skopeo's words, for a log line.
@@ -119,7 +156,7 @@ impl Skopeo {
         args.push(format!("docker://{image}"));
         match self.run(&args).await {
             Ok(bytes) => Ok(Some(bytes)),
-            Err(words) if absent(&words) => Ok(None),
+            Err(words) if absent(image, &words) => Ok(None),
             Err(words) => Err(last_line(&words)),
         }
     }
@@ -129,6 +166,25 @@ impl Skopeo {
     pub async fn copy_over(&self, source: &str, destination: &str) -> Outcome {
         if let Err(error) = self.access.prepare(source, destination).await {
             return Outcome::Failed(error);
+        }
+        // `--ecr-create-repositories`: no repository for a source that is gone or cannot be
+        // read, so the source answers first.
+        if self.access.creates_repository(destination) {
+            match self.inspect(source).await {
+                Presence::Exists => {}
+                Presence::Absent => {
+                    return Outcome::Gone(format!("the source has no {source}"));
+                }
+                Presence::Unknown(words) => {
+                    return Outcome::Failed(format!(
+                        "could not tell whether docker://{source} exists: {}",
+                        last_line(&words)
+                    ));
+                }
+            }
+            if let Err(error) = self.access.make_repository(destination).await {
+                return Outcome::Failed(error);
+            }
         }
         let mut args = vec![
             "copy".to_string(),
@@ -194,6 +250,29 @@ mod tests {
     #[case("unauthorized: authentication required", false)]
     #[case("dial tcp 127.0.0.1:1: connect: connection refused", false)]
     fn absence_is_told_from_skopeo_s_words(#[case] words: &str, #[case] expected: bool) {
-        assert_eq!(absent(words), expected);
+        assert_eq!(absent("127.0.0.1:5000/x:1", words), expected);
+    }
+
+    /// skopeo 1.9's words for Docker Hub's answers (the rig's stand-in, tests/docker_hub.rs).
+    const HUB_MISSING: &str = "reading manifest 1 in docker.io/library/typo: errors:\ndenied: requested access to the resource is denied\nunauthorized: authentication required\n";
+    const HUB_BAD_LOGIN: &str = "unable to retrieve auth token: invalid username/password: unauthorized: incorrect username or password";
+
+    #[rstest::rstest]
+    #[case::a_typo_on_docker_hub("docker.io/library/typo:1", HUB_MISSING, true)]
+    #[case::short_name_on_docker_hub("typo:1", HUB_MISSING, true)]
+    #[case::its_api_host("registry-1.docker.io/library/typo:1", HUB_MISSING, true)]
+    #[case::bad_credentials_on_docker_hub("docker.io/library/typo:1", HUB_BAD_LOGIN, false)]
+    #[case::the_same_401_elsewhere("quay.io/team/typo:1", HUB_MISSING, false)]
+    #[case::a_private_registry_s_401(
+        "registry.example/typo:1",
+        "unauthorized: authentication required",
+        false
+    )]
+    fn docker_hub_s_401_for_a_missing_repository_is_absence(
+        #[case] image: &str,
+        #[case] words: &str,
+        #[case] expected: bool,
+    ) {
+        assert_eq!(absent(image, words), expected);
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use rig::images::{Artifact, Image, Index, OCI_INDEX, OCI_MANIFEST};
 use rig::proxy::LatencyProxy;
-use rig::referrers::{ReferrersFront, push_referrer};
-use rig::registry::TestRegistry;
+use rig::referrers::{Guard, ReferrersFront, push_referrer};
+use rig::registry::{TestRegistry, basic_auth};
 use rig::{policy, recorded_pod, run, settings, text, write_json};
 use serde_json::{Value, json};
 
@@ -28,18 +28,29 @@ fn cosign_tag(digest: &str, suffix: &str) -> String {
 /// `fill-mirror once --insecure` over `pods`, with settings routing `source` to
 /// `mirror/hub`.
 fn once(source: &str, mirror: &str, pods: &[Value]) -> Output {
+    once_with(source, mirror, pods, None)
+}
+
+/// `once`, with `auths` (a docker config's `auths`) as `--auth-file` when given.
+fn once_with(source: &str, mirror: &str, pods: &[Value], auths: Option<Value>) -> Output {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let path = |name: &str| -> PathBuf { dir.path().join(name) };
     write_json(&path("pods.json"), &json!({"items": pods}));
     write_json(&path("settings.json"), &settings(source, mirror));
-    run(&[
-        "once",
-        "--insecure",
-        "--pods",
-        &path("pods.json").display().to_string(),
-        "--settings",
-        &path("settings.json").display().to_string(),
-    ])
+    let mut args = vec![
+        "once".to_string(),
+        "--insecure".to_string(),
+        "--pods".to_string(),
+        path("pods.json").display().to_string(),
+        "--settings".to_string(),
+        path("settings.json").display().to_string(),
+    ];
+    if let Some(auths) = auths {
+        write_json(&path("auth.json"), &json!({ "auths": auths }));
+        args.push("--auth-file".to_string());
+        args.push(path("auth.json").display().to_string());
+    }
+    run(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// A Pod of `image`, recorded by the policy's own writer as lacking it.
@@ -183,6 +194,53 @@ fn referrers_the_source_serves_by_the_api_are_copied_and_listed_at_the_mirror() 
             .referrers("hub/app/web", &digest)
             .expect("mirror lists"),
         both
+    );
+}
+
+/// A private source (Debian's registry with htpasswd) whose referrers API asks for the same
+/// credentials, by Basic as distribution does or by a Bearer token its realm gives only for
+/// them: the referrers request carries the login skopeo gets from the auth file, and the
+/// referrer is copied.
+#[rstest::rstest]
+#[case::basic(false)]
+#[case::bearer_token_for_the_credentials(true)]
+fn a_private_source_s_referrers_are_read_with_its_login(#[case] bearer: bool) {
+    let source = TestRegistry::start_with_basic_auth("att-private-src", "puller", "pull-token")
+        .expect("source registry");
+    let mirror = TestRegistry::start("att-private-mirror").expect("mirror registry");
+    let login = basic_auth("puller", "pull-token");
+    let auth = login.trim_start_matches("Basic ").to_string();
+    let guard = if bearer {
+        Guard::Bearer(auth.clone())
+    } else {
+        Guard::Basic(auth.clone())
+    };
+    let front = ReferrersFront::start_guarded(&source, guard).expect("source front");
+    let far = LatencyProxy::network(&front.host, AWAY).expect("latency proxy");
+    let web = Image::new("private web", "linux/amd64");
+    let digest = web.push(&source, "app/web", Some("1"));
+    let sbom = push_referrer(
+        &source,
+        "app/web",
+        "application/spdx+json",
+        "sbom of the private web",
+        (&web.manifest, OCI_MANIFEST),
+    );
+    let image = format!("{}/app/web:1", far.host);
+
+    let output = once_with(
+        &far.host,
+        &mirror.host,
+        &[pod(&image, &far.host, &mirror.host)],
+        Some(json!({ far.host.clone(): { "auth": auth } })),
+    );
+
+    succeeded(&output);
+    assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(digest));
+    assert_eq!(
+        mirror.digest_of("hub/app/web", &sbom),
+        Some(sbom.clone()),
+        "the private source's referrer, copied by digest"
     );
 }
 

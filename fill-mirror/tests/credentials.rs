@@ -197,6 +197,45 @@ fn on_ecr_a_missing_repository_is_created_then_copied_with_the_binary_s_own_toke
     assert_eq!(storage.digest_of("cache/team/app", "1"), Some(digest));
 }
 
+/// A typo'd image with `--ecr-create-repositories`: the source answers first, so the copy is
+/// `gone` and no empty repository is left in ECR for it (issue #49: one made for every typo,
+/// never deleted).
+#[test]
+fn on_ecr_no_repository_is_created_for_a_source_that_is_gone() {
+    let source = TestRegistry::start("cred-ecr-gone-src").expect("source registry");
+    let far = LatencyProxy::network(&source.host, ROUND_TRIP).expect("latency proxy");
+    let storage = TestRegistry::start("cred-ecr-gone-storage").expect("storage registry");
+    let moto = Moto::start().expect("moto_server (scripts/ensure-python-tools.sh)");
+    let ecr = EcrRegistry::start(&storage, &moto).expect("ECR front");
+    let dir = tempfile::tempdir().expect("dir");
+    let (pods, settings) = inputs(
+        dir.path(),
+        json!([{"source": far.host, "target": format!("{}/cache", ecr.host)}]),
+        &[&format!("{}/team/typo:1", far.host)],
+    );
+
+    let run = once(
+        &pods,
+        &settings,
+        &[
+            "--insecure",
+            "--ecr-registry",
+            &ecr.host,
+            "--ecr-create-repositories",
+        ],
+        &moto.environment(),
+    );
+
+    assert_eq!(run.code, Some(0), "{}", run.printed());
+    assert!(
+        run.stdout
+            .contains("fill-mirror: 0 copied, 0 failed, 0 skipped, 1 gone, 0 refused"),
+        "{}",
+        run.printed()
+    );
+    assert_eq!(moto.repository("cache/team/typo"), None);
+}
+
 /// Two ECR registries (from FILL_MIRROR_ECR_REGISTRIES) and the user's docker config (a
 /// private source's credentials, another host's entry): skopeo reads one file with a login per
 /// host, the user's entries kept, only the binary able to read it; the user's file untouched.

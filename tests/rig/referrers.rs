@@ -6,7 +6,9 @@
 //! `subject` is that digest, read from the registry's own storage (so a manifest pushed by any
 //! client, through the front or not, is listed, as distribution 3 lists it), one referrer per
 //! page with a `Link` to the next, and relays every other request to the registry byte for
-//! byte.
+//! byte. In front of a registry that asks for credentials, the front asks for them too
+//! (`Guard`): as distribution does (`Basic`), or by a Bearer token its own realm gives for
+//! them (`Bearer`, as Docker Hub and most registries with a token service do).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -21,6 +23,22 @@ use serde_json::{Value, json};
 use super::images::{OCI_INDEX, OCI_MANIFEST};
 use super::registry::{TestRegistry, sha256};
 
+/// What the front asks of a referrers request.
+#[derive(Clone, Debug)]
+pub enum Guard {
+    /// Nothing: anyone may list.
+    Open,
+    /// `Authorization: Basic <this>` (base64 of `user:password`), else 401 with
+    /// `WWW-Authenticate: Basic realm="Registry Realm"`, as distribution's htpasswd answers.
+    Basic(String),
+    /// `Authorization: Bearer <a token of its realm>`, else 401 with a Bearer challenge
+    /// naming the front's `/token`, which gives a token only for `Basic <this>`.
+    Bearer(String),
+}
+
+/// The token the Bearer realm gives.
+const TOKEN: &str = "referrers-token-for-the-puller";
+
 /// The front; stopped on drop.
 pub struct ReferrersFront {
     /// `127.0.0.1:PORT`: the registry host as images name it.
@@ -30,6 +48,11 @@ pub struct ReferrersFront {
 
 impl ReferrersFront {
     pub fn start(registry: &TestRegistry) -> anyhow::Result<ReferrersFront> {
+        ReferrersFront::start_guarded(registry, Guard::Open)
+    }
+
+    /// A front whose referrers requests need what `guard` says.
+    pub fn start_guarded(registry: &TestRegistry, guard: Guard) -> anyhow::Result<ReferrersFront> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let host = listener.local_addr()?.to_string();
         listener.set_nonblocking(true)?;
@@ -37,13 +60,15 @@ impl ReferrersFront {
         let stopping = stop.clone();
         let upstream = registry.host.clone();
         let storage = registry.storage().to_path_buf();
+        let front = host.clone();
         thread::spawn(move || {
             while !stopping.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((client, _)) => {
                         let (upstream, storage) = (upstream.clone(), storage.clone());
+                        let (guard, front) = (guard.clone(), front.clone());
                         thread::spawn(move || {
-                            let _ = serve(client, &upstream, &storage);
+                            let _ = serve(client, &upstream, &storage, &guard, &front);
                         });
                     }
                     Err(_) => thread::sleep(Duration::from_millis(10)),
@@ -88,7 +113,13 @@ impl Drop for ReferrersFront {
 
 /// One connection: a referrers request answered, anything else relayed with `Connection:
 /// close`, so that one connection carries one request and each is seen here.
-fn serve(mut client: TcpStream, upstream: &str, storage: &Path) -> std::io::Result<()> {
+fn serve(
+    mut client: TcpStream,
+    upstream: &str,
+    storage: &Path,
+    guard: &Guard,
+    front: &str,
+) -> std::io::Result<()> {
     client.set_nonblocking(false)?;
     let mut head = Vec::new();
     let mut chunk = [0u8; 8192];
@@ -117,11 +148,57 @@ fn serve(mut client: TcpStream, upstream: &str, storage: &Path) -> std::io::Resu
     let mut words = request.split(' ');
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
+    let authorization = request
+        .split("\r\n")
+        .filter_map(|line| line.split_once(':'))
+        .find(|(field, _)| field.eq_ignore_ascii_case("authorization"))
+        .map(|(_, value)| value.trim().to_string());
+    if let Guard::Bearer(expected) = guard
+        && method == "GET"
+        && path == "/token"
+    {
+        let (status, body) = if authorization.as_deref() == Some(&format!("Basic {expected}")) {
+            ("200 OK", json!({ "token": TOKEN }).to_string())
+        } else {
+            (
+                "401 Unauthorized",
+                json!({"details": "incorrect username or password"}).to_string(),
+            )
+        };
+        write!(
+            client,
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )?;
+        return Ok(());
+    }
     if method == "GET"
         && let Some((name, digest)) = path
             .strip_prefix("/v2/")
             .and_then(|p| p.rsplit_once("/referrers/"))
     {
+        let challenge = match guard {
+            Guard::Open => None,
+            Guard::Basic(expected) => (authorization.as_deref()
+                != Some(&format!("Basic {expected}")))
+            .then(|| "Basic realm=\"Registry Realm\"".to_string()),
+            Guard::Bearer(_) => (authorization.as_deref() != Some(&format!("Bearer {TOKEN}")))
+                .then(|| {
+                    format!(
+                        "Bearer realm=\"http://{front}/token\",service=\"{front}\",scope=\"repository:{name}:pull\""
+                    )
+                }),
+        };
+        if let Some(challenge) = challenge {
+            let body =
+                r#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}"#;
+            write!(
+                client,
+                "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: {challenge}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )?;
+            return Ok(());
+        }
         // One referrer per answer, the next page named by `Link` (distribution-spec v1.1:
         // a registry may page the answer), so that a client that reads one page is seen.
         let mut index = index(storage, name, digest);

@@ -24,6 +24,7 @@ pub mod front;
 pub mod alerts;
 pub mod api_proxy;
 pub mod check;
+pub mod hub;
 pub mod plane;
 
 use std::path::Path;

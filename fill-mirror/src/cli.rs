@@ -1,0 +1,148 @@
+//! The command line: the modes and their flags.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::credentials;
+use crate::referrers;
+use crate::skopeo::Skopeo;
+
+#[derive(Parser)]
+#[command(
+    name = "fill-mirror",
+    version,
+    about = "Keeps the image swapper's mirror full"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub mode: Mode,
+    /// Log lines as JSON (default) or as text.
+    #[arg(long, global = true, default_value = "json", value_parser = ["json", "text"])]
+    pub log_format: String,
+}
+
+#[derive(Subcommand)]
+pub enum Mode {
+    /// Print the copies the records ask for, one "SOURCE DESTINATION" a line; copy nothing.
+    List(Input),
+    /// Copy what the records ask for, mark them, and exit 0, 1 or 2.
+    Once {
+        #[command(flatten)]
+        input: Input,
+        #[command(flatten)]
+        copying: Copying,
+        /// Takes the watch's Lease for the run: while a watch replica holds it, the watch
+        /// copies and this run does nothing (exit 0).
+        #[command(flatten)]
+        election: Election,
+    },
+    /// Follow the recorded Pods and the settings; copy and mark as they come.
+    Watch {
+        /// The swapping policy's settings from this file instead of its ClusterAdmissionPolicy.
+        #[arg(long)]
+        settings: Option<String>,
+        /// The swapping policy's ClusterAdmissionPolicy.
+        #[arg(long, default_value = "image-swapper")]
+        swap_policy: String,
+        #[command(flatten)]
+        copying: Copying,
+        /// Where /metrics, /healthz and /readyz are served.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: String,
+        /// A failed copy waits this many seconds, doubled at each failure up to 300.
+        #[arg(long, default_value_t = 10)]
+        retry: u64,
+        /// How often an image a template names is looked up again, and finished copies
+        /// nothing names are forgotten, in seconds.
+        #[arg(long, default_value_t = 600)]
+        period: u64,
+        /// Do not follow the workload templates (Deployments, StatefulSets, DaemonSets,
+        /// ReplicaSets, Jobs, CronJobs); fill only what Pods' records ask for.
+        #[arg(long)]
+        no_templates: bool,
+        /// Do not read the check role's reports each period.
+        #[arg(long)]
+        no_reports: bool,
+        #[command(flatten)]
+        check: Check,
+        #[command(flatten)]
+        election: Election,
+    },
+}
+
+#[derive(Args)]
+pub struct Election {
+    /// The Lease the replicas elect the copier with (in the client's namespace).
+    #[arg(long, default_value = "fill-mirror")]
+    pub lease: String,
+    /// How long a Lease not renewed holds, in seconds; it is renewed every third of that.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration: u64,
+    /// This replica's name in the Lease (default: the host name, the Pod's name).
+    #[arg(long, env = "HOSTNAME")]
+    pub identity: Option<String>,
+    /// No election: this replica copies and marks (a single replica).
+    #[arg(long)]
+    pub no_election: bool,
+}
+
+#[derive(Args)]
+pub struct Input {
+    /// The swapping policy's settings (or its policy object), as JSON; needed with --pods.
+    #[arg(long)]
+    pub settings: Option<String>,
+    /// The swapping policy's ClusterAdmissionPolicy.
+    #[arg(long, default_value = "image-swapper")]
+    pub swap_policy: String,
+    /// Pods from `kubectl get pods -o json` output instead of the cluster.
+    #[arg(long)]
+    pub pods: Vec<String>,
+    /// The check role's reports from `kubectl get policyreports -o json` (or reports, or
+    /// clusterpolicyreports) output instead of the cluster.
+    #[arg(long)]
+    pub reports: Vec<String>,
+    #[command(flatten)]
+    pub check: Check,
+}
+
+#[derive(Args, Clone)]
+pub struct Check {
+    /// The check role's ClusterAdmissionPolicy, whose `fail` results in the reports name the
+    /// copies it asks for (read under both ids: clusterwide-NAME and kw.cap.NAME).
+    #[arg(long, default_value = "image-swapper-check")]
+    pub check_policy: String,
+}
+
+#[derive(Args, Clone)]
+pub struct Copying {
+    /// Copies at once.
+    #[arg(long, default_value_t = 4)]
+    pub jobs: usize,
+    /// Plain HTTP and unverified TLS for every registry.
+    #[arg(long)]
+    pub insecure: bool,
+    /// The skopeo binary.
+    #[arg(long, default_value = "skopeo", env = "FILL_MIRROR_SKOPEO")]
+    pub skopeo: String,
+    /// How long one copy may take, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub copy_timeout: u64,
+    #[command(flatten)]
+    pub access: credentials::AccessArgs,
+}
+
+impl Copying {
+    pub async fn engine(&self) -> anyhow::Result<Skopeo> {
+        Ok(Skopeo {
+            binary: self.skopeo.clone(),
+            access: Arc::new(credentials::Access::new(&self.access, self.insecure).await?),
+            timeout: Duration::from_secs(self.copy_timeout),
+        })
+    }
+
+    pub fn referrers(&self, engine: &Skopeo) -> anyhow::Result<referrers::Referrers> {
+        referrers::Referrers::new(engine.access.clone())
+    }
+}

@@ -1,0 +1,191 @@
+//! `list` and `once`: one pass over the Pods' records and the check role's reports, read
+//! from the cluster or from files; `once` copies under the watch's Lease and exits 0, 1 or 2.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::board::{Backoff, Board};
+use crate::cli::{Copying, Election, Input};
+use crate::metrics::{Health, Metrics};
+use crate::runner::{Runner, Totals};
+use crate::{leader, source, watch};
+
+type Records = Vec<(
+    String,
+    image_swapper_policy::pod::fill::FillRecord,
+    Option<std::time::SystemTime>,
+)>;
+
+/// What one pass reads: the Pods' records, the copies the check role's reports name (and the
+/// notes of what they name that is refused), and the client they came from (none when read
+/// from files).
+struct Read {
+    records: Records,
+    report_copies: Vec<image_swapper_policy::pod::fill::Copy>,
+    report_notes: Vec<String>,
+    client: Option<kube::Client>,
+}
+
+async fn read(input: &Input) -> anyhow::Result<Read> {
+    let ids = source::check_policy_ids(&input.check.check_policy);
+    if !input.pods.is_empty() || !input.reports.is_empty() {
+        let Some(settings) = &input.settings else {
+            anyhow::bail!(
+                "--pods and --reports need --settings (the swapping policy's settings) to check their copies"
+            );
+        };
+        let policy = source::policy_from_file(settings)?;
+        let pods = source::pods_from_files(&input.pods)?;
+        let reports = source::reports_from_files(&input.reports)?;
+        let (report_copies, report_notes) = source::report_copies(&reports, &ids, &policy);
+        return Ok(Read {
+            records: source::records(&pods, &policy),
+            report_copies,
+            report_notes,
+            client: None,
+        });
+    }
+    let client = source::client().await?;
+    let policy = match &input.settings {
+        Some(settings) => source::policy_from_file(settings)?,
+        None => source::policy_from_cluster(&client, &input.swap_policy).await?,
+    };
+    let pods = source::pods_from_cluster(&client).await?;
+    let reports = source::reports_from_cluster(&client).await?;
+    let (report_copies, report_notes) = source::report_copies(&reports, &ids, &policy);
+    Ok(Read {
+        records: source::records(&pods, &policy),
+        report_copies,
+        report_notes,
+        client: Some(client),
+    })
+}
+
+/// Logs every note once; how many there were.
+fn notes(read: &Read) -> usize {
+    let mut count = 0;
+    for (pod, record, _) in &read.records {
+        for note in &record.notes {
+            tracing::warn!(%pod, "{note}");
+            count += 1;
+        }
+    }
+    for note in &read.report_notes {
+        tracing::warn!("{note}");
+        count += 1;
+    }
+    count
+}
+
+pub async fn list(input: Input) -> anyhow::Result<u8> {
+    let read = read(&input).await?;
+    let refused = notes(&read);
+    let mut copies = source::copies(&read.records);
+    for copy in &read.report_copies {
+        if !copies.iter().any(|c| c.destination == copy.destination) {
+            copies.push(copy.clone());
+        }
+    }
+    for copy in &copies {
+        println!("{copy}");
+    }
+    if refused > 0 {
+        eprintln!(
+            "fill-mirror: listed {} copies, {refused} refused",
+            copies.len()
+        );
+    }
+    Ok(0)
+}
+
+pub async fn once(input: Input, copying: Copying, election: Election) -> anyhow::Result<u8> {
+    let read = read(&input).await?;
+    let client = read.client.clone();
+    // From the cluster, the run takes the watch's Lease, so that no copy is made beside a
+    // watch replica that copies the same.
+    let elector = match &client {
+        Some(client) if !election.no_election => {
+            let elector = leader::Elector::new(
+                client.clone(),
+                client.default_namespace(),
+                &election.lease,
+                election.identity.clone().map_or_else(
+                    || format!("fill-mirror-once-{}", std::process::id()),
+                    |id| format!("{id}-once"),
+                ),
+                Duration::from_secs(election.lease_duration.max(3)),
+                Arc::new(Metrics::default()),
+            );
+            if !elector.round().await? {
+                let holder = elector.holder().await.unwrap_or_default();
+                println!(
+                    "fill-mirror: the Lease {} is held by {holder}: the watch copies and marks, nothing done",
+                    election.lease
+                );
+                return Ok(0);
+            }
+            Some(Arc::new(elector))
+        }
+        _ => None,
+    };
+    let renewing = elector.clone().map(|elector| {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(elector.duration / 3).await;
+                if let Err(error) = elector.round().await {
+                    tracing::warn!(%error, "cannot renew the Lease");
+                }
+            }
+        })
+    });
+    let status = copy_once(read, copying).await;
+    if let Some(renewing) = renewing {
+        renewing.abort();
+    }
+    if let Some(elector) = elector {
+        elector.release().await;
+    }
+    status
+}
+
+async fn copy_once(read: Read, copying: Copying) -> anyhow::Result<u8> {
+    let refused = notes(&read);
+    let metrics = Arc::new(Metrics::default());
+    for _ in 0..refused {
+        metrics.counted("refused");
+    }
+    let mut board = Board::new(Backoff::default(), false);
+    for (pod, record, created) in read.records {
+        board.pod_seen(&pod, record, created);
+    }
+    // A report's copies have no Pod record to mark: they are filled as a template's are.
+    board.template_seen(watch::REPORTS, read.report_copies);
+    let engine = copying.engine().await?;
+    let mut runner = Runner {
+        board: Arc::new(Mutex::new(board)),
+        metrics,
+        health: Arc::new(Health::default()),
+        referrers: copying.referrers(&engine)?,
+        engine,
+        jobs: copying.jobs.max(1),
+        wake: Arc::new(Notify::new()),
+        client: read.client,
+        leading: None,
+        period: Duration::MAX,
+        totals: Totals::default(),
+    };
+    runner.run_until_idle().await;
+    let t = &runner.totals;
+    println!(
+        "fill-mirror: {} copied, {} failed, {} skipped, {} gone, {} refused, {} marked",
+        t.copied,
+        t.failed,
+        t.present,
+        t.gone,
+        refused + t.refused,
+        t.marked
+    );
+    Ok(if t.failed > 0 { 1 } else { 0 })
+}

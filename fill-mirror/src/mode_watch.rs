@@ -1,0 +1,125 @@
+//! `watch`: the Deployment's mode. Follows the recorded Pods, the templates, the reports and
+//! the settings; elects the copier by a Lease; serves /metrics, /healthz and /readyz.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::board::{Backoff, Board};
+use crate::cli::{Check, Copying, Election};
+use crate::metrics::{self, Health, Metrics};
+use crate::runner::{Runner, Totals};
+use crate::{leader, source, watch};
+
+/// What the watch follows besides the recorded Pods and the settings.
+pub struct Follow {
+    /// The workload templates.
+    pub templates: bool,
+    /// The check role's reports, each period: its policy.
+    pub reports: Option<Check>,
+}
+
+/// The watch's periods.
+pub struct Timing {
+    pub retry: Duration,
+    pub period: Duration,
+}
+
+pub async fn watch(
+    settings: Option<String>,
+    swap_policy: String,
+    copying: Copying,
+    listen: String,
+    timing: Timing,
+    follow: Follow,
+    election: Election,
+) -> anyhow::Result<u8> {
+    let client = source::client().await?;
+    let fixed = settings
+        .as_deref()
+        .map(source::policy_from_file)
+        .transpose()?;
+    let metrics = Arc::new(Metrics::default());
+    let leading = if election.no_election {
+        metrics.leader.set(1);
+        None
+    } else {
+        let identity = election
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("fill-mirror-{}", std::process::id()));
+        let elector = leader::Elector::new(
+            client.clone(),
+            client.default_namespace(),
+            &election.lease,
+            identity,
+            Duration::from_secs(election.lease_duration.max(3)),
+            metrics.clone(),
+        );
+        let leading = elector.leading.clone();
+        tokio::spawn(elector.run());
+        Some(leading)
+    };
+    let health = Arc::new(Health::default());
+    health.beat();
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .map_err(|error| anyhow::anyhow!("--listen {listen}: {error}"))?;
+    tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "serving /metrics, /healthz, /readyz");
+    let board = Arc::new(Mutex::new(Board::new(
+        Backoff {
+            retry: timing.retry,
+            max: Duration::from_secs(300),
+        },
+        true,
+    )));
+    let wake = Arc::new(Notify::new());
+    let server = tokio::spawn(metrics::serve(listener, metrics.clone(), health.clone()));
+    let watcher = watch::Watch {
+        client: client.clone(),
+        swap_policy: fixed.is_none().then_some(swap_policy),
+        fixed,
+        board: board.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        wake: wake.clone(),
+        templates: follow.templates,
+        check_policy_ids: follow
+            .reports
+            .map(|check| source::check_policy_ids(&check.check_policy)),
+        period: timing.period,
+    };
+    let watching = tokio::spawn(watcher.run());
+    let engine = copying.engine().await?;
+    let mut runner = Runner {
+        board,
+        metrics,
+        health,
+        referrers: copying.referrers(&engine)?,
+        engine,
+        jobs: copying.jobs.max(1),
+        wake,
+        client: Some(client),
+        leading,
+        period: timing.period,
+        totals: Totals::default(),
+    };
+    tokio::select! {
+        () = runner.run() => {}
+        _ = watching => anyhow::bail!("the watch ended"),
+        served = server => anyhow::bail!("the metrics server ended: {served:?}"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
+        () = terminated() => tracing::info!("stopping"),
+    }
+    Ok(0)
+}
+
+async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut signal) => {
+            signal.recv().await;
+        }
+        Err(_) => futures::future::pending().await,
+    }
+}
