@@ -10,6 +10,9 @@
 //! - `<!-- walkthrough: example output (WHY) -->`: output a real cluster prints; neither run nor
 //!   compared. Only a block that shows output (`$ command` lines) may carry it.
 //! - before a YAML block, `<!-- walkthrough: saved as FILE -->`: the file a later command names.
+//! - `<!-- walkthrough: alternative (WHAT) -->`: the block is another way to a step the page
+//!   takes next (a pull-through cache in place of copies); it runs, then the walk deletes what it
+//!   applied and made, so that the page's own way meets an API server without it.
 //!
 //! A block that runs and shows output (`$ command` then what it prints) is compared with what the
 //! command printed. A console block with a command that cannot run here and no mark fails the walk,
@@ -166,6 +169,11 @@ fn stand_in(need: &str) -> &'static str {
              against the AWS CLI's model)"
         }
         "gcloud" => "nothing: IAM and Artifact Registry are outside the cluster",
+        // Here it would rewrite the checkout's IAM documents with the example's OIDC id.
+        "deploy/eks-ecr/aws/render.sh" => {
+            "nothing: tests/docs.rs the_iam_documents_are_rendered runs it on the overlays' \
+             example values and holds the committed documents to its output"
+        }
         "a kubelet" => "nothing: no Pod runs here",
         _ => "nothing",
     }
@@ -361,10 +369,11 @@ fn walk_page(walk: &mut Walk, page: &str) {
             }
             continue;
         }
+        let alternative = mark.starts_with("alternative");
         assert!(
-            mark.is_empty(),
+            mark.is_empty() || alternative,
             "{}: `{MARK} {mark} -->`: the marks are `not here (...)`, `example output (...)`, \
-             `saved as FILE`",
+             `saved as FILE`, `alternative (...)`",
             block.place
         );
         assert!(
@@ -378,6 +387,9 @@ fn walk_page(walk: &mut Walk, page: &str) {
             walk.run(&block.place, step);
         }
         println!("walkthrough: {}: ran {} commands", block.place, steps.len());
+        if alternative {
+            walk.clear(&block.place);
+        }
     }
     walk.clear(page);
 }
