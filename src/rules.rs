@@ -91,6 +91,9 @@ pub(crate) fn resolved_name(name: &str) -> Cow<'_, str> {
 pub struct Target {
     pub prefix: Prefix,
     pub pull_secret: Option<String>,
+    /// A pull-through cache: it fills itself on a manifest GET through it, and cannot be
+    /// pushed to.
+    pub pull_through: bool,
 }
 
 /// One `mirrors` entry, validated.
@@ -114,6 +117,8 @@ pub struct Router {
     pub targets: Vec<Prefix>,
     /// The same, as runtimes resolve them: an image under `m.io:443/hub` is under `m.io/hub`.
     resolved_targets: Vec<Prefix>,
+    /// Beside each of `targets`: whether it is a pull-through cache.
+    pull_through: Vec<bool>,
     pub exclude: Vec<Glob>,
 }
 
@@ -174,11 +179,17 @@ impl Router {
             .chain(default_mirrors.iter().cloned())
             .collect::<Vec<Prefix>>();
         let resolved_targets = targets.iter().map(Prefix::resolved).collect();
+        let pull_through = rules
+            .iter()
+            .flat_map(|r| r.targets.iter().map(|t| t.pull_through))
+            .chain(default_mirrors.iter().map(|_| false))
+            .collect();
         Router {
             rules,
             default_mirrors,
             targets,
             resolved_targets,
+            pull_through,
             exclude,
         }
     }
@@ -192,6 +203,17 @@ impl Router {
             .iter()
             .position(|t| t.strip_from(&resolved).is_some())
             .and_then(|at| self.targets.get(at))
+    }
+
+    /// Whether `reference` lies under a target marked `pullThrough`: a cache that fills itself
+    /// on a manifest GET, which nothing may push to.
+    pub fn is_pull_through(&self, reference: &Reference) -> bool {
+        let resolved = resolved_name(reference.name());
+        self.resolved_targets
+            .iter()
+            .position(|t| t.strip_from(&resolved).is_some())
+            .and_then(|at| self.pull_through.get(at).copied())
+            .unwrap_or(false)
     }
 
     pub fn route(&self, reference: &Reference) -> Route<'_> {

@@ -330,6 +330,7 @@ mod tests {
         Copy {
             source: source.to_string(),
             destination: destination.to_string(),
+            warm: None,
         }
     }
 

@@ -201,14 +201,17 @@ fn once_copies_what_the_reports_name_and_moves_no_tag() {
         Copy {
             source: format!("{}@{old}", s.src("app")),
             destination: s.hub(&format!("app:{own_tag}")),
+            warm: None,
         },
         Copy {
             source: s.src("web:2"),
             destination: s.hub("web:2"),
+            warm: None,
         },
         Copy {
             source: s.src("gone:1"),
             destination: s.hub("gone:1"),
+            warm: None,
         },
     ]
     .map(|copy| format!("{copy}\n"))

@@ -16,6 +16,7 @@ pub use super::copies::COPY_COMMAND;
 use super::copies::{fill_command, signature_command};
 use super::object::{annotation, named_images};
 use super::unmirrored::{Requester, record_unmirrored};
+use super::warm::{Warm, warm_for};
 use super::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 
 /// One copy: `skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION`.
@@ -23,6 +24,9 @@ use super::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 pub struct Copy {
     pub source: String,
     pub destination: String,
+    /// Set when the destination lies under a target marked `pullThrough`: the manifest GET
+    /// that fills the cache instead of the push, which a cache refuses ([`Copy::under`]).
+    pub warm: Option<Warm>,
 }
 
 impl Copy {
@@ -43,7 +47,16 @@ impl Copy {
         (grammar(source) && grammar(destination)).then(|| Copy {
             source: source.to_string(),
             destination: destination.to_string(),
+            warm: None,
         })
+    }
+
+    /// This copy as `policy` fills its destination: warmed instead of pushed when the
+    /// destination lies under a pull-through cache. `image` is what the Pod or template names,
+    /// when known (its tag is what the cache fills on; [`Warm`]).
+    pub fn under(mut self, policy: &Policy, image: Option<&str>) -> Copy {
+        self.warm = warm_for(&self, image, policy);
+        self
     }
 
     /// The registry host of the source: what a backoff on 429 and 5xx is kept for.
@@ -88,7 +101,9 @@ pub struct FillRecord {
 /// it): the one a Pod's record would name for a container running it, or `None` when no rule
 /// routes it (unmatched, excluded, already under a target, not a reference).
 pub fn copy_for(image: &str, policy: &Policy) -> Option<Copy> {
-    source_image(image, policy).and_then(|source| Copy::parse(&fill_command(&source)))
+    source_image(image, policy)
+        .and_then(|source| Copy::parse(&fill_command(&source)))
+        .map(|copy| copy.under(policy, Some(image)))
 }
 
 /// `namespace/name` of a Pod, for the notes.
@@ -190,8 +205,8 @@ pub fn read_record(pod: &Value, policy: &Policy) -> Option<FillRecord> {
         };
         record.entries.push(FillEntry {
             container: container.clone(),
-            copy,
-            signature,
+            copy: copy.under(policy, field("source")),
+            signature: signature.map(|signature| signature.under(policy, None)),
         });
     }
     Some(record)
@@ -272,6 +287,7 @@ pub fn copies_in_message(message: &str) -> Vec<Copy> {
         copies.push(Copy {
             source,
             destination,
+            warm: None,
         });
     }
     copies
@@ -443,6 +459,7 @@ mod tests {
         let copy = Copy {
             source: source.to_string(),
             destination: destination.to_string(),
+            warm: None,
         };
         assert_eq!(
             report_copy_problem(&copy, &policy).as_deref(),

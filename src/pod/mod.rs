@@ -35,6 +35,7 @@ mod signed_check_tests;
 mod signed_tests;
 mod unmirrored;
 mod verifier_read;
+mod warm;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -60,6 +61,7 @@ use unmirrored::{Requester, record_unmirrored};
 pub use unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 pub use verifier_read::VERIFIERS_UNMATCHED;
 use verifier_read::{tell_unmatched, with_verifier_rules};
+pub use warm::Warm;
 
 /// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
 /// this API object, so changing its images would only misreport what runs.

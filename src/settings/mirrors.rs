@@ -20,6 +20,10 @@ pub struct MirrorSetting {
     /// With `target`: the secret the Pod needs to pull from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_secret: Option<String>,
+    /// With `target`: it is a pull-through cache, filled by a manifest GET through it (by
+    /// tag), never pushed to.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pull_through: bool,
 }
 
 /// One entry of `targets`: the same fields a one-target rule has.
@@ -29,6 +33,8 @@ pub struct TargetSetting {
     pub target: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pull_through: bool,
 }
 
 #[derive(Deserialize, Serialize, Debug, Clone, PartialEq, Eq)]
@@ -49,8 +55,8 @@ pub(super) fn rules(mirrors: &[MirrorSetting], errors: &mut Vec<String>) -> Vec<
         let source = parse_prefix(&field("source"), &mirror.source)
             .map_err(|e| errors.push(e))
             .ok();
-        // `target` and `pullSecret` beside it are the one-element list.
-        let written: Vec<(String, &str, Option<&String>)> = match (
+        // `target` and `pullSecret` and `pullThrough` beside it are the one-element list.
+        let written: Vec<(String, &str, Option<&String>, bool)> = match (
             &mirror.target,
             &mirror.targets[..],
         ) {
@@ -58,6 +64,7 @@ pub(super) fn rules(mirrors: &[MirrorSetting], errors: &mut Vec<String>) -> Vec<
                 field("target"),
                 target.as_str(),
                 mirror.pull_secret.as_ref(),
+                mirror.pull_through,
             )],
             (None, []) => {
                 errors.push(format!(
@@ -78,6 +85,12 @@ pub(super) fn rules(mirrors: &[MirrorSetting], errors: &mut Vec<String>) -> Vec<
                         field("pullSecret")
                     ));
                 }
+                if mirror.pull_through {
+                    errors.push(format!(
+                        "{}: true beside targets: mark the entry of targets that is a pull-through cache with its own pullThrough",
+                        field("pullThrough")
+                    ));
+                }
                 targets
                     .iter()
                     .enumerate()
@@ -86,13 +99,14 @@ pub(super) fn rules(mirrors: &[MirrorSetting], errors: &mut Vec<String>) -> Vec<
                             field(&format!("targets[{k}].target")),
                             t.target.as_str(),
                             t.pull_secret.as_ref(),
+                            t.pull_through,
                         )
                     })
                     .collect()
             }
         };
         let mut targets = Vec::new();
-        for (target_field, written_target, pull_secret) in written {
+        for (target_field, written_target, pull_secret, pull_through) in written {
             let secret_field = format!(
                 "{}.pullSecret",
                 target_field
@@ -126,6 +140,7 @@ pub(super) fn rules(mirrors: &[MirrorSetting], errors: &mut Vec<String>) -> Vec<
             targets.push(Target {
                 prefix: target,
                 pull_secret: pull_secret.cloned(),
+                pull_through,
             });
         }
         if let Some(source) = source

@@ -380,6 +380,10 @@ mod tests {
         r#"{"mirrors":[{"source":"docker.io","pullSecret":"s","targets":[{"target":"n.io/a"}]}]}"#,
         "mirrors[0].pullSecret: \"s\" beside targets: give each entry of targets its own pullSecret"
     )]
+    #[case::pull_through_beside_targets(
+        r#"{"mirrors":[{"source":"docker.io","pullThrough":true,"targets":[{"target":"n.io/a"}]}]}"#,
+        "mirrors[0].pullThrough: true beside targets: mark the entry of targets that is a pull-through cache with its own pullThrough"
+    )]
     #[case::bad_second_target(
         r#"{"mirrors":[{"source":"docker.io","targets":[{"target":"m.io/a"},{"target":"n/a","pullSecret":"Bad"}]}]}"#,
         "mirrors[0].targets[1].pullSecret: \"Bad\" is not a valid Secret name"

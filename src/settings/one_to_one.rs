@@ -238,6 +238,7 @@ mod tests {
                     .map(|target| Target {
                         prefix: Prefix::new(target.clone()),
                         pull_secret: None,
+                        pull_through: false,
                     })
                     .collect();
                 rules.push(Rule {
