@@ -89,7 +89,11 @@ pub async fn list(input: Input) -> anyhow::Result<u8> {
         }
     }
     for copy in &copies {
-        println!("{copy}");
+        match &copy.warm {
+            // A pull-through cache is not pushed to: the line says what is asked of it instead.
+            Some(warm) => println!("{copy} warmed by a GET of {}", warm.reference),
+            None => println!("{copy}"),
+        }
     }
     if refused > 0 {
         eprintln!(

@@ -158,9 +158,10 @@ impl Runner {
             let engine = self.engine.clone();
             running.spawn(async move {
                 let began = Instant::now();
-                let outcome = match &signs {
-                    Some(signs) => attached::copy_signature(&engine, &copy, signs).await,
-                    None => engine.copy(&copy).await,
+                let outcome = match (&copy.warm, &signs) {
+                    (Some(warm), _) => engine.warm(&copy, warm).await,
+                    (None, Some(signs)) => attached::copy_signature(&engine, &copy, signs).await,
+                    (None, None) => engine.copy(&copy).await,
                 };
                 Finished::Copy(copy, outcome, began.elapsed())
             });
@@ -178,7 +179,10 @@ impl Runner {
         let (source, destination) = (&copy.source, &copy.destination);
         match &outcome {
             Outcome::Copied | Outcome::Present => {
-                if outcome == Outcome::Copied {
+                if let (Outcome::Copied, Some(warm)) = (&outcome, &copy.warm) {
+                    self.totals.copied += 1;
+                    tracing::info!(%source, through = %warm.reference, seconds = took.as_secs_f64(), "warmed: the pull-through cache holds it");
+                } else if outcome == Outcome::Copied {
                     self.totals.copied += 1;
                     tracing::info!(%source, %destination, seconds = took.as_secs_f64(), "copied");
                 } else {
@@ -192,7 +196,8 @@ impl Runner {
                 {
                     self.metrics.time_to_mirror.observe(waited.as_secs_f64());
                 }
-                let image = item.is_some_and(|item| item.signs.is_none());
+                // Nothing travels into a pull-through cache: it cannot be pushed to.
+                let image = item.is_some_and(|item| item.signs.is_none()) && copy.warm.is_none();
                 drop(board);
                 // What travels with the image, as a job of its own after the image's (so the
                 // record's mark does not wait for it), in the same `--jobs` room.

@@ -7,8 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use image_swapper_policy::pod::Warm;
 use image_swapper_policy::pod::fill::Copy;
+use image_swapper_policy::reference::Reference;
 use tokio::process::Command;
+
+use crate::attached::digest_of;
 
 use crate::board::Outcome;
 use crate::credentials::Access;
@@ -201,6 +205,44 @@ impl Skopeo {
                 Presence::Absent => Outcome::Gone(last_line(&words)),
                 _ => Outcome::Failed(last_line(&words)),
             },
+        }
+    }
+
+    /// Fills a pull-through cache with `copy`'s source without pushing: a manifest GET of
+    /// `warm.reference` through the cache, which makes the cache fetch it from its upstream
+    /// (ECR's pull-through cache: on a GET by tag). A pinned source must be what the cache
+    /// holds: when its tag names other content now (moved upstream), the pinned digest is asked
+    /// for too, and refused when the cache has it not, since nothing here can put it there.
+    pub async fn warm(&self, copy: &Copy, warm: &Warm) -> Outcome {
+        if let Err(error) = self.access.prepare(&copy.source, &copy.destination).await {
+            return Outcome::Failed(error);
+        }
+        let through = |words: &str| {
+            format!(
+                "the pull-through cache, asked for docker://{}: {words}",
+                warm.reference
+            )
+        };
+        let held = match self.manifest(&warm.reference).await {
+            Ok(Some(bytes)) => digest_of(&bytes),
+            Ok(None) => {
+                return Outcome::Gone(through("has no such image, and its upstream gave it none"));
+            }
+            Err(words) if throttled(&words) => return Outcome::Throttled(through(&words), None),
+            Err(words) => return Outcome::Failed(through(&words)),
+        };
+        let Some(pinned) = warm.digest.as_deref().filter(|pinned| *pinned != held) else {
+            return Outcome::Copied;
+        };
+        let repository = Reference::parse(&warm.reference)
+            .map(|reference| reference.name().to_string())
+            .unwrap_or_default();
+        match self.manifest(&format!("{repository}@{pinned}")).await {
+            Ok(Some(_)) => Outcome::Copied,
+            Ok(None) => Outcome::Refused(through(&format!(
+                "names {held} now, and the cache lacks the pinned {pinned}: a pull-through cache fills on its upstream's tag, so only a rollout to the new digest is served from it"
+            ))),
+            Err(words) => Outcome::Failed(through(&words)),
         }
     }
 

@@ -270,7 +270,7 @@ pub fn report_copies(
             };
             for copy in copies_in_message(message) {
                 match report_copy_problem(&copy, policy) {
-                    None => copies.push(copy),
+                    None => copies.push(copy.under(policy, None)),
                     Some(problem) => notes.push(format!(
                         "refused {place} results[{i}] of {id}: its copy docker://{} docker://{} is not the policy's own: {problem}, not run",
                         copy.source, copy.destination
