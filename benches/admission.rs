@@ -221,6 +221,11 @@ fn main() {
         fill_job();
         return;
     }
+    // `BENCH_ONLY=ahead make bench`: a workload's first Pods, filled from its template.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("ahead") {
+        ahead();
+        return;
+    }
     let root = rig::root();
     let policy = rig::policy();
     // `BENCH_ONLY=signatures make bench`: an admission with one verified image beside one
@@ -368,6 +373,47 @@ fn main() {
     concurrency();
     throughput();
     fill_job();
+    ahead();
+}
+
+/// A workload's first Pods, in the real chain of `rig::ahead` (kube-apiserver and
+/// kube-controller-manager, policy-server 1.35 with the module, `fill-mirror watch`; the source
+/// 20 ms and the mirror 5 ms away): how long the fill controller took from the workload's
+/// create to its image in the mirror, how long the controllers then took to the Pods, and how
+/// many of those Pods the policy swapped on their first admission. One run each: a CronJob's
+/// time to its Pod is the wait for the next minute.
+fn ahead() {
+    let Some(tools) = rig::tools::RealTools::find("bench ahead of the first Pod") else {
+        return;
+    };
+    let chain = rig::ahead::Ahead::start(&tools, &tools.annotated_policy(), rig::fill_mirror());
+    println!(
+        "
+ahead of the first Pod: real kube-apiserver and kube-controller-manager, policy-server 1.35, fill-mirror watch (source 20 ms, mirror 5 ms away; one run)"
+    );
+    println!(
+        "| workload | create to image in the mirror (s) | then to its Pods (s) | swapped on first admission |"
+    );
+    println!("|---|---:|---:|---:|");
+    let seconds =
+        |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.2}", d.as_secs_f64()));
+    let row = |what: &str, first: &rig::ahead::FirstPods| {
+        println!(
+            "| {what} | {} | {} | {} of {} |",
+            seconds(first.template_to_mirror),
+            seconds(first.to_pods),
+            first.swapped(),
+            first.images.len()
+        );
+    };
+    row(
+        "Deployment, replicas 0, scaled to 3 once its image is in the mirror",
+        &chain.deployment_scaled_from_zero("scaled", 3, 30),
+    );
+    row(
+        "CronJob every minute, its first Job's Pod (to Pods: from the create)",
+        &chain.cronjob_first_run("nightly"),
+    );
 }
 
 /// The fill controller's own work over the Pods' records: `fill-mirror list` reading N recorded

@@ -98,7 +98,7 @@ impl Entry {
 /// `swapPolicy: always`, which rewrites `marker.example/…` without a lookup, so that a Pod
 /// shows at once whether a webhook configuration is live in the API server.
 const MARKER: &str = "chain-marker";
-const MARKERS: &str = "chain-markers";
+pub const MARKERS: &str = "chain-markers";
 const MARKER_IMAGE: &str = "marker.example/probe:1";
 const MARKED_IMAGE: &str = "mirror.marker.example/m/probe:1";
 

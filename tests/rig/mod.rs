@@ -2,6 +2,7 @@
 //! protocol, its OCI lookups answered by real registries on loopback or by recorded sessions.
 #![allow(dead_code)] // each test crate uses a different part of the rig
 
+pub mod ahead;
 pub mod chain;
 pub mod cosign;
 pub mod ecr;
