@@ -123,6 +123,59 @@ fn every_relative_link_resolves() {
     assert!(checked > 20, "only {checked} links checked");
 }
 
+/// Every file of `deploy/` a page names (`-f deploy/helm/...`, `file://deploy/...`, a path in a
+/// command or a sentence) is in the repository, so a command typed as the page writes it finds
+/// its file; and the chart's values files turn on what the pages say they do.
+#[test]
+fn every_deploy_file_a_page_names_exists() {
+    let mut checked = 0;
+    // The history names the files of earlier releases.
+    let history = ["CHANGELOG.md", "upgrading.md"];
+    for page in pages() {
+        if page
+            .file_name()
+            .is_some_and(|name| history.iter().any(|h| name == *h))
+        {
+            continue;
+        }
+        let text = read(&page);
+        for (at, _) in text.match_indices("deploy/") {
+            let before = text[..at].chars().last().unwrap_or(' ');
+            if before.is_ascii_alphanumeric() || before == '-' || before == '.' {
+                continue;
+            }
+            let path: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "/._-".contains(*c))
+                .collect();
+            let path = path.trim_end_matches(['.', '/']);
+            let line = text[..at].rsplit('\n').next().unwrap_or_default();
+            // `kubectl ... deploy/NAME` names a Deployment, not a folder.
+            let a_deployment = line.contains("kubectl ") && path.matches('/').count() == 1;
+            if path == "deploy" || path.contains('<') || a_deployment {
+                continue;
+            }
+            assert!(
+                rig::root().join(path).exists(),
+                "{}: names {path}, which is not in the repository",
+                page.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} deploy/ paths checked");
+    let values = rig::read_yaml(&rig::root().join("deploy/helm/kubewarden-values.yaml"));
+    assert!(
+        values["auditScanner"]["parallelResources"]
+            .as_u64()
+            .is_some(),
+        "{values}"
+    );
+    let telemetry = rig::read_yaml(&rig::root().join("deploy/helm/kubewarden-telemetry.yaml"));
+    assert_eq!(telemetry["telemetry"]["metrics"], true, "{telemetry}");
+    assert_eq!(telemetry["telemetry"]["mode"], "sidecar", "{telemetry}");
+}
+
 #[test]
 fn no_page_names_an_issue_of_this_repository() {
     for page in pages() {
