@@ -8,6 +8,7 @@
 mod attached;
 mod board;
 mod cli;
+mod coverage;
 mod credentials;
 mod leader;
 mod metrics;

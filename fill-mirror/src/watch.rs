@@ -1,8 +1,10 @@
 //! The watch mode: follows the Pods that carry the record and the swapping policy's
 //! ClusterAdmissionPolicy with kube-runtime's watcher (its list, resume from the last
 //! resourceVersion, relist on 410 and backoff), and puts every record on the board, read against
-//! the settings in force; a change of the settings reads every record again at once. Each period
-//! it also reads the check role's reports and fills what their findings name.
+//! the settings in force; a change of the settings reads every record again at once. It follows
+//! the workload templates of the namespaces the policy covers (`coverage.rs`, with a watch of the
+//! namespaces' labels). Each period it also reads the check role's reports and fills what their
+//! findings name.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
@@ -15,7 +17,7 @@ use image_swapper_policy::pod::fill::{copy_for, pod_key, read_record};
 use image_swapper_policy::policy::Policy;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Resource;
 use kube::api::DynamicObject;
 use kube::runtime::WatchStreamExt;
@@ -26,6 +28,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::board::Board;
+use crate::coverage::Coverage;
 use crate::metrics::{Health, Metrics};
 use crate::runner::lock;
 use crate::source::{
@@ -128,6 +131,8 @@ struct Known {
     templates: BTreeMap<String, Vec<String>>,
     /// During a list of a kind: the templates it named so far.
     templates_listing: BTreeMap<&'static str, BTreeSet<String>>,
+    /// The namespaces the policy covers: where templates are filled.
+    coverage: Coverage,
 }
 
 impl Watch {
@@ -155,6 +160,17 @@ impl Watch {
             noted: HashSet::new(),
             templates: BTreeMap::new(),
             templates_listing: BTreeMap::new(),
+            coverage: Coverage::default(),
+        };
+        let mut namespaces = if self.templates {
+            watcher::watcher(
+                Api::<Namespace>::all(self.client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .boxed()
+        } else {
+            futures::stream::pending().boxed()
         };
         let mut templates = if self.templates {
             let c = &self.client;
@@ -187,6 +203,10 @@ impl Watch {
                     Err(error) => tracing::warn!(%error, "the watch of the recorded Pods failed; it resumes, or lists again"),
                 },
                 Some(event) = templates.next() => self.template_event(&mut known, event),
+                Some(event) = namespaces.next() => match event {
+                    Ok(event) => self.namespace_event(&mut known, event),
+                    Err(error) => tracing::warn!(%error, "the watch of the namespaces failed; it resumes, or lists again"),
+                },
                 Some(event) = policies.next() => match event {
                     Ok(event) => self.policy_event(&mut known, event),
                     Err(error) => tracing::warn!(%error, "the watch of the swapping policy failed; it resumes, or lists again"),
@@ -240,11 +260,11 @@ impl Watch {
             Event::Init | Event::InitDone => return,
         };
         let name = self.swap_policy.clone().unwrap_or_default();
-        let policy = serde_json::to_value(&object)
-            .map_err(anyhow::Error::from)
-            .and_then(|document| {
-                policy_from_document(&document, &format!("ClusterAdmissionPolicy {name}"))
-            });
+        let document = serde_json::to_value(&object).unwrap_or_default();
+        if let Err(error) = known.coverage.follow(&document) {
+            tracing::error!(policy = %name, %error, "cannot read which namespaces the swapping policy covers; no template is filled until it can be read");
+        }
+        let policy = policy_from_document(&document, &format!("ClusterAdmissionPolicy {name}"));
         match policy {
             Ok(policy) => {
                 tracing::info!(policy = %name, "read the swapping policy's settings; reading every record again");
@@ -257,14 +277,7 @@ impl Watch {
                 for (key, value) in pods {
                     self.read(known, &key, &value);
                 }
-                let templates: Vec<(String, Vec<String>)> = known
-                    .templates
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                for (key, images) in templates {
-                    self.route_template(known, &key, &images);
-                }
+                self.route_templates(known, None);
                 self.wake.notify_one();
             }
             Err(error) => {
@@ -305,16 +318,51 @@ impl Watch {
     }
 
     /// Puts a template's images on the board as copies, routed by the settings in force; an
-    /// image no rule routes (excluded, unmatched, already a mirror image) has none.
+    /// image no rule routes (excluded, unmatched, already a mirror image) has none, and neither
+    /// has a template of a namespace the policy does not cover.
     fn route_template(&self, known: &Known, key: &str, images: &[String]) {
         let Some(policy) = known.policy.as_ref() else {
             return;
         };
+        let covered = key
+            .split('/')
+            .nth(1)
+            .is_some_and(|namespace| known.coverage.covers(namespace));
         let copies = images
             .iter()
+            .filter(|_| covered)
             .filter_map(|image| copy_for(image, policy))
             .collect();
         lock(&self.board).template_seen(key, copies);
+    }
+
+    /// Routes again the templates of `namespace` (or every template): its labels, or the
+    /// settings, changed.
+    fn route_templates(&self, known: &Known, namespace: Option<&str>) {
+        for (key, images) in &known.templates {
+            if namespace.is_none_or(|namespace| key.split('/').nth(1) == Some(namespace)) {
+                self.route_template(known, key, images);
+            }
+        }
+    }
+
+    fn namespace_event(&self, known: &mut Known, event: Event<Namespace>) {
+        match event {
+            Event::Apply(namespace) | Event::InitApply(namespace) => {
+                let name = namespace.metadata.name.clone().unwrap_or_default();
+                let labels = namespace.metadata.labels.clone().unwrap_or_default();
+                if known.coverage.namespace_seen(&name, labels) {
+                    self.route_templates(known, Some(&name));
+                    self.wake.notify_one();
+                }
+            }
+            Event::Delete(namespace) => {
+                known
+                    .coverage
+                    .namespace_gone(&namespace.metadata.name.unwrap_or_default());
+            }
+            Event::Init | Event::InitDone => {}
+        }
     }
 
     /// Reads the check role's reports and puts the copies their `fail` results name on the

@@ -301,6 +301,68 @@ fn workload_templates_are_filled_before_any_pod_exists() {
     );
 }
 
+/// Templates are filled only in the namespaces the swapping policy's `namespaceSelector` covers:
+/// a Deployment where the policy does not swap gets no copy, until its namespace is labelled into
+/// the selector, and then gets it at once (the watch of the namespaces' labels).
+#[test]
+fn templates_are_filled_only_where_the_policy_s_namespace_selector_covers() {
+    let Some(cluster) = cluster("fill-covered") else {
+        return;
+    };
+    let inside = Image::new("inside", "linux/amd64").push(&cluster.source, "app/inside", Some("1"));
+    let outside =
+        Image::new("outside", "linux/amd64").push(&cluster.source, "app/outside", Some("1"));
+    let mut policy = cluster
+        .plane
+        .get_json(&["clusteradmissionpolicy", "image-swapper"]);
+    policy["spec"]["namespaceSelector"] = serde_json::json!({"matchLabels": {"swap": "yes"}});
+    cluster
+        .plane
+        .kubectl(&["apply", "-f", "-"], Some(&policy.to_string()));
+    for (namespace, swap) in [("covered", "yes"), ("other", "no")] {
+        let object = serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {"swap": swap}}});
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+    }
+    let _watch = Watch::start(&cluster.plane);
+    for (namespace, repository) in [("covered", "app/inside"), ("other", "app/outside")] {
+        let deployment = serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": namespace},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}},
+                                  "spec": {"containers": [{"name": "c",
+                                      "image": format!("{}/{repository}:1", cluster.source.host)}]}}},
+        });
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&deployment.to_string()));
+    }
+    assert!(
+        eventually(60, || cluster.mirror.digest_of("hub/app/inside", "1")
+            == Some(inside.clone())),
+        "the covered namespace's image is not in the mirror"
+    );
+    // Both templates were seen in the same list; give the other's copy the time it would take.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(
+        cluster.mirror.digest_of("hub/app/outside", "1"),
+        None,
+        "a template of a namespace the policy does not cover was filled"
+    );
+    cluster.plane.kubectl(
+        &["label", "namespace", "other", "swap=yes", "--overwrite"],
+        None,
+    );
+    assert!(
+        eventually(30, || cluster.mirror.digest_of("hub/app/outside", "1")
+            == Some(outside.clone())),
+        "the namespace labelled into the selector: its template is not filled"
+    );
+}
+
 /// A record written under settings the watch does not have yet is refused; once the swapping
 /// policy's settings change to those, the record is read again at once, filled and marked.
 #[test]
