@@ -91,7 +91,7 @@ pub(crate) fn resolved_name(name: &str) -> Cow<'_, str> {
 pub struct Target {
     pub prefix: Prefix,
     pub pull_secret: Option<String>,
-    /// A pull-through cache: it fills itself on a manifest GET through it, and cannot be
+    /// A pull-through cache: it fills itself on a pull through it, and cannot be
     /// pushed to.
     pub pull_through: bool,
 }
@@ -206,14 +206,16 @@ impl Router {
     }
 
     /// Whether `reference` lies under a target marked `pullThrough`: a cache that fills itself
-    /// on a manifest GET, which nothing may push to.
+    /// on a pull through it, which nothing may push to. Any marked target that holds it counts,
+    /// not only the nearest: an unmarked target nested in a cache's (a rule for
+    /// `docker.io/bitnami` to `cache/hub/bitnami` beside `docker.io` to `cache/hub`) is inside
+    /// that cache too.
     pub fn is_pull_through(&self, reference: &Reference) -> bool {
         let resolved = resolved_name(reference.name());
         self.resolved_targets
             .iter()
-            .position(|t| t.strip_from(&resolved).is_some())
-            .and_then(|at| self.pull_through.get(at).copied())
-            .unwrap_or(false)
+            .zip(&self.pull_through)
+            .any(|(target, marked)| *marked && target.strip_from(&resolved).is_some())
     }
 
     pub fn route(&self, reference: &Reference) -> Route<'_> {

@@ -85,6 +85,7 @@ impl Board {
                         item.status = Status::Queued;
                         item.asked = asked;
                     }
+                    renew(item, copy);
                 }
             }
         }
@@ -110,7 +111,8 @@ impl Board {
     pub fn template_seen(&mut self, template: &str, copies: Vec<Copy>) {
         let now = SystemTime::now();
         for copy in &copies {
-            self.copies
+            let item = self
+                .copies
                 .entry(copy.destination.clone())
                 .or_insert_with(|| CopyItem {
                     copy: copy.clone(),
@@ -120,6 +122,7 @@ impl Board {
                     not_before: None,
                     delay: None,
                 });
+            renew(item, copy);
         }
         self.templates.insert(template.to_string(), copies);
     }
@@ -316,6 +319,22 @@ impl Board {
     }
 }
 
+/// One destination asked for with another way to fill it (a rule marked `pullThrough` since,
+/// or a Pod naming the tag a report's digest-only copy lacked): the newer way is taken, and a
+/// copy that ended without filling the mirror is tried again that way. A copy that runs, or
+/// that filled the mirror, stands.
+fn renew(item: &mut CopyItem, copy: &Copy) {
+    if item.copy == *copy || item.status == Status::Running {
+        return;
+    }
+    item.copy = copy.clone();
+    if !matches!(item.status, Status::Done(_)) {
+        item.status = Status::Queued;
+        item.not_before = None;
+        item.delay = None;
+    }
+}
+
 fn whole_seconds(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -366,6 +385,35 @@ mod tests {
         let marks = board.marks(now);
         assert_eq!(marks.len(), 100);
         assert!(marks.iter().all(|m| m.filled == ["web"]));
+    }
+
+    /// A rule marked `pullThrough` after a copy into it failed: the record read again names
+    /// the same destination with a warming, which is what runs next, not the failed push.
+    #[test]
+    fn a_destination_asked_for_another_way_is_tried_that_way() {
+        let mut board = Board::new(Backoff::default(), false);
+        let pushed = nginx();
+        let warmed = Copy {
+            warm: Some(image_swapper_policy::pod::Warm {
+                reference: "m.io/library/nginx:1".to_string(),
+                digest: None,
+            }),
+            ..nginx()
+        };
+        board.pod_seen("ns/p", record(&[("web", pushed.clone())]), None);
+        let now = Instant::now();
+        assert_eq!(board.start(now, 4), std::slice::from_ref(&pushed));
+        board.finished(
+            &pushed,
+            &Outcome::Failed("a cache refuses pushes".into()),
+            now,
+        );
+        assert_eq!(board.start(now, 4), []);
+        board.pod_seen("ns/p", record(&[("web", warmed.clone())]), None);
+        assert_eq!(board.start(now, 4), std::slice::from_ref(&warmed));
+        board.finished(&warmed, &Outcome::Copied, now);
+        board.pod_seen("ns/p", record(&[("web", pushed)]), None);
+        assert_eq!(board.start(now, 4), [], "what filled the mirror stands");
     }
 
     #[test]

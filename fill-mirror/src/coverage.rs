@@ -1,7 +1,9 @@
 //! Which namespaces the swapping policy covers, so that workload templates are filled only where
 //! the policy would swap their Pods: its ClusterAdmissionPolicy's `namespaceSelector` (kube's
 //! own `Selector` does the matching), against each namespace's labels as the watch of namespaces
-//! keeps them. A record on a Pod needs none of this: the policy wrote it, so it covered the Pod.
+//! keeps them. Pods' records are not held to it: one in a namespace the policy does not cover
+//! was not written by it, and is still read as any record is (only the copies the rules route,
+//! to where they route them).
 
 use std::collections::BTreeMap;
 
@@ -98,7 +100,12 @@ mod tests {
             "kube-system",
             labels(&[("kubernetes.io/metadata.name", "kube-system")]),
         );
-        let _ = coverage.follow(&json!({"spec": {"namespaceSelector": selector}}));
+        let readable = coverage.follow(&json!({"spec": {"namespaceSelector": selector.clone()}}));
+        assert_eq!(
+            readable.is_ok(),
+            selector.pointer("/matchExpressions/0/operator") != Some(&json!("Sometimes")),
+            "{readable:?}"
+        );
         coverage
     }
 

@@ -91,7 +91,7 @@ pub async fn list(input: Input) -> anyhow::Result<u8> {
     for copy in &copies {
         match &copy.warm {
             // A pull-through cache is not pushed to: the line says what is asked of it instead.
-            Some(warm) => println!("{copy} warmed by a GET of {}", warm.reference),
+            Some(warm) => println!("{copy} warmed by a pull of {}", warm.reference),
             None => println!("{copy}"),
         }
     }

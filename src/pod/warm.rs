@@ -1,6 +1,6 @@
 //! How a copy into a pull-through cache is made: it is not. A rule's target marked
 //! `pullThrough` fills itself when asked for a manifest it lacks, and cannot be pushed to, so
-//! the fill job asks it (a manifest GET through the cache) in the form the cache fills on. Here,
+//! the fill job pulls the image through the cache in the form the cache fills on. Here,
 //! beside the copies the policy writes, so that the fill job derives the request from the very
 //! routing the module swaps with.
 
@@ -9,7 +9,7 @@ use crate::reference::Reference;
 
 use super::fill::Copy;
 
-/// The manifest GET that fills a pull-through cache with a copy's source: `reference` under the
+/// The pull that fills a pull-through cache with a copy's source: `reference` under the
 /// cache, by the source's tag where it names one (ECR's pull-through cache fills on a tag, and
 /// answers "not found" for a digest it has not stored), else by its digest; and the digest the
 /// answer must name when the source is pinned to one.
@@ -118,6 +118,45 @@ mod tests {
         assert_eq!(
             warm_for(&copy(source, destination), image, &policy),
             expected
+        );
+    }
+
+    /// The marks stay with their targets whatever the order the rules are written in (the
+    /// router sorts them, most specific source first), on an entry of `targets`, and on a target
+    /// nested in a cache's.
+    #[rstest]
+    #[case::a_marked_second_entry_of_targets(
+        "quay.io/team/app:1",
+        "cache.example/quay/team/app:1",
+        true
+    )]
+    #[case::the_unmarked_first_entry("quay.io/team/app:1", "m.example/quay/team/app:1", false)]
+    #[case::a_shorter_marked_source_written_first(
+        "docker.io/library/nginx:1",
+        "cache.example/hub/library/nginx:1",
+        true
+    )]
+    #[case::an_unmarked_target_nested_in_the_cache(
+        "docker.io/bitnami/redis:7",
+        "cache.example/hub/bitnami/redis:7",
+        true
+    )]
+    #[case::an_unmarked_rule_elsewhere("ghcr.io/org/app:1", "m.example/ghcr/org/app:1", false)]
+    fn marks_stay_with_their_targets(
+        #[case] source: &str,
+        #[case] destination: &str,
+        #[case] warmed: bool,
+    ) {
+        let policy = policy_from(
+            r#"{"mirrors":[
+            {"source":"docker.io","target":"cache.example/hub","pullThrough":true},
+            {"source":"quay.io","targets":[{"target":"m.example/quay"},{"target":"cache.example/quay","pullThrough":true}]},
+            {"source":"docker.io/bitnami","target":"cache.example/hub/bitnami"},
+            {"source":"ghcr.io","target":"m.example/ghcr"}]}"#,
+        );
+        assert_eq!(
+            warm_for(&copy(source, destination), None, &policy).is_some(),
+            warmed
         );
     }
 

@@ -20,7 +20,7 @@ pub struct MirrorSetting {
     /// With `target`: the secret the Pod needs to pull from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_secret: Option<String>,
-    /// With `target`: it is a pull-through cache, filled by a manifest GET through it (by
+    /// With `target`: it is a pull-through cache, filled by a pull through it (by
     /// tag), never pushed to.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pull_through: bool,

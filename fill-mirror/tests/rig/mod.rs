@@ -21,6 +21,10 @@ pub mod ecr;
 #[path = "../../../tests/rig/front.rs"]
 pub mod front;
 
+// A cache that fills only on a tag, as ECR's pull-through cache does: the policy's rig, by path.
+#[path = "../../../tests/rig/pull_through.rs"]
+pub mod pull_through;
+
 pub mod alerts;
 pub mod api_proxy;
 pub mod check;
