@@ -24,21 +24,17 @@ impl Coverage {
     /// A selector that cannot be read covers nothing, and says why: filling for namespaces the
     /// policy may not cover costs copies nobody asked for.
     pub fn follow(&mut self, policy: &Value) -> Result<bool, String> {
-        let written = policy.pointer("/spec/namespaceSelector").cloned();
-        let selector = match written {
+        let selector = match policy.pointer("/spec/namespaceSelector") {
             None | Some(Value::Null) => None,
             Some(value) => {
-                let parsed = serde_json::from_value::<LabelSelector>(value.clone())
-                    .map_err(|e| format!("spec.namespaceSelector {value}: {e}"))
-                    .and_then(|label_selector| {
-                        Selector::try_from(label_selector)
-                            .map_err(|e| format!("spec.namespaceSelector {value}: {e}"))
-                    });
-                match parsed {
+                let read = serde_json::from_value::<LabelSelector>(value.clone())
+                    .map_err(|e| e.to_string())
+                    .and_then(|written| Selector::try_from(written).map_err(|e| e.to_string()));
+                match read {
                     Ok(selector) => Some(selector),
                     Err(error) => {
                         self.selector = Some(nothing());
-                        return Err(error);
+                        return Err(format!("spec.namespaceSelector {value}: {error}"));
                     }
                 }
             }

@@ -65,6 +65,11 @@ enum TemplateEvent {
     InitDone(&'static str),
 }
 
+/// The namespace of a template's key, `Kind/namespace/name`.
+fn namespace_of(key: &str) -> Option<&str> {
+    key.split('/').nth(1)
+}
+
 /// The images of a Pod template's containers and init containers.
 fn template_images(object: &Value, spec: &str) -> Vec<String> {
     let Some(spec) = object.pointer(spec) else {
@@ -324,15 +329,15 @@ impl Watch {
         let Some(policy) = known.policy.as_ref() else {
             return;
         };
-        let covered = key
-            .split('/')
-            .nth(1)
-            .is_some_and(|namespace| known.coverage.covers(namespace));
-        let copies = images
-            .iter()
-            .filter(|_| covered)
-            .filter_map(|image| copy_for(image, policy))
-            .collect();
+        let covered = namespace_of(key).is_some_and(|namespace| known.coverage.covers(namespace));
+        let copies = if covered {
+            images
+                .iter()
+                .filter_map(|image| copy_for(image, policy))
+                .collect()
+        } else {
+            Vec::new()
+        };
         lock(&self.board).template_seen(key, copies);
     }
 
@@ -340,7 +345,7 @@ impl Watch {
     /// settings, changed.
     fn route_templates(&self, known: &Known, namespace: Option<&str>) {
         for (key, images) in &known.templates {
-            if namespace.is_none_or(|namespace| key.split('/').nth(1) == Some(namespace)) {
+            if namespace.is_none_or(|namespace| namespace_of(key) == Some(namespace)) {
                 self.route_template(known, key, images);
             }
         }
