@@ -322,7 +322,8 @@ fn quoted_measurements_are_the_ones_performance_md_states() {
     assert!(quoted >= 4, "{quoted} ranges quoted");
 }
 
-/// The user pages and the installation files: README.md, docs/ and deploy/ (when present).
+/// The user pages and the installation files: README.md, docs/, deploy/ (when present) and
+/// Artifact Hub's package page.
 fn pinned_files() -> Vec<PathBuf> {
     fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -341,15 +342,19 @@ fn pinned_files() -> Vec<PathBuf> {
             }
         }
     }
-    let mut files = vec![rig::root().join("README.md")];
+    let mut files = vec![
+        rig::root().join("README.md"),
+        rig::root().join("artifacthub-pkg.yml"),
+    ];
     walk(&rig::root().join("docs"), &mut files);
     walk(&rig::root().join("deploy"), &mut files);
     files
 }
 
-/// Every reference to this policy's module in `text`, with the version it pins: a name whose
-/// last path segment is `image-swapper` (or `image-swapper-...`), or the `registry://HOST/PATH`
-/// of one's own build, followed by `:vX.Y.Z`.
+/// Every reference to this release's artifacts in `text`, with the version it pins: a name whose
+/// last path segment is `image-swapper` (or `image-swapper-...`, the module) or `fill-mirror`
+/// (the fill controller's image), or the `registry://HOST/PATH` of one's own build, followed by
+/// `:vX.Y.Z`.
 fn module_references(text: &str) -> Vec<(String, String)> {
     let mut found = Vec::new();
     let mut rest = text;
@@ -370,7 +375,9 @@ fn module_references(text: &str) -> Vec<(String, String)> {
             .rev()
             .collect();
         let last = name.rsplit('/').next().unwrap_or_default();
-        let is_module = last.starts_with("image-swapper") || name.ends_with("HOST/PATH");
+        let is_module = last.starts_with("image-swapper")
+            || last == "fill-mirror"
+            || name.ends_with("HOST/PATH");
         if is_module && version.split('.').count() == 3 && version.split('.').all(|p| !p.is_empty())
         {
             found.push((format!("{name}:v{version}"), version));
@@ -385,13 +392,14 @@ fn module_references(text: &str) -> Vec<(String, String)> {
 fn module_references_are_recognised() {
     let text = "module: registry://ghcr.io/image-swapper-policy/policies/image-swapper:v0.5.0\n\
         `make push REGISTRY=registry://HOST/PATH:v1.2.3` and cosign verify \
-        ghcr.io/o/image-swapper-check:v0.1.0. Not: ghcr.io/kubewarden/policy-server:v1.38.2, \
-        quay.io/argoproj/argocd:v2.13.0, image-swapper:vX.Y.Z";
+        ghcr.io/o/image-swapper-check:v0.1.0, image: ghcr.io/o/fill-mirror:v0.2.0. Not: \
+        ghcr.io/kubewarden/policy-server:v1.38.2, quay.io/argoproj/argocd:v2.13.0, \
+        ghcr.io/o/fill-mirror-old:v9.9.9, image-swapper:vX.Y.Z";
     let versions: Vec<String> = module_references(text)
         .into_iter()
         .map(|(_, v)| v)
         .collect();
-    assert_eq!(versions, ["0.5.0", "1.2.3", "0.1.0"]);
+    assert_eq!(versions, ["0.5.0", "1.2.3", "0.1.0", "0.2.0"]);
 }
 
 /// The docs pin the release that has what they describe: every module reference in README.md,
@@ -422,6 +430,72 @@ fn every_module_reference_names_the_crates_version() {
             line.starts_with("## ") && heading.starts_with(&format!("{version} - "))
         }),
         "CHANGELOG.md has no section for {version} (## [{version}] - DATE)"
+    );
+}
+
+/// The changelog's sections: each `## ` heading's text (brackets removed) and its `- ` entries.
+fn changelog_sections(changelog: &str) -> Vec<(String, usize)> {
+    let mut sections: Vec<(String, usize)> = Vec::new();
+    for line in changelog.lines() {
+        if let Some(heading) = line.strip_prefix("## ") {
+            sections.push((heading.replace(['[', ']'], ""), 0));
+        } else if line.starts_with("- ")
+            && let Some((_, entries)) = sections.last_mut()
+        {
+            *entries += 1;
+        }
+    }
+    sections
+}
+
+/// Main is always a release: nothing waits under `[Unreleased]` (a change users see bumps the
+/// version and dates its section in the same landing), and the newest released section is the
+/// crates' version, dated, with entries. With the pins above (every page and deploy/ file names
+/// that version), a fresh clone installs exactly what its pages describe.
+#[test]
+fn main_is_a_release_nothing_waits_unreleased() {
+    let version = env!("CARGO_PKG_VERSION");
+    let sections = changelog_sections(&read(&rig::root().join("CHANGELOG.md")));
+    let unreleased: usize = sections
+        .iter()
+        .filter(|(heading, _)| heading.starts_with("Unreleased"))
+        .map(|(_, entries)| entries)
+        .sum();
+    assert_eq!(
+        unreleased, 0,
+        "CHANGELOG.md has {unreleased} entries under [Unreleased]: bump both crates' version, date \
+         its section and move every pin in deploy/ and the pages to it in the same change"
+    );
+    let (newest, entries) = sections
+        .iter()
+        .find(|(heading, _)| !heading.starts_with("Unreleased"))
+        .expect("CHANGELOG.md has no released section");
+    let (released, date) = newest.split_once(" - ").unwrap_or((newest, ""));
+    assert_eq!(
+        released, version,
+        "CHANGELOG.md's newest section is {newest}, the crates say {version}"
+    );
+    let dated = date.len() == 10
+        && date
+            .char_indices()
+            .all(|(i, c)| if i == 4 || i == 7 { c == '-' } else { c.is_ascii_digit() });
+    assert!(dated, "CHANGELOG.md's section {version} has no date (YYYY-MM-DD): {newest}");
+    assert!(*entries > 0, "CHANGELOG.md's section {version} lists no change");
+}
+
+/// The guard above reads what it should: entries under [Unreleased] are counted, an undated or
+/// older newest section is told apart.
+#[test]
+fn changelog_sections_are_read_as_written() {
+    let text = "# Changelog\n\n## [Unreleased]\n\n### Added\n\n- one\n- two\n  more\n\n\
+                ## [0.7.0] - 2026-12-04\n\n- three\n\n## [0.6.0] - 2026-12-02\n- four\n";
+    assert_eq!(
+        changelog_sections(text),
+        [
+            ("Unreleased".to_string(), 2),
+            ("0.7.0 - 2026-12-04".to_string(), 1),
+            ("0.6.0 - 2026-12-02".to_string(), 1)
+        ]
     );
 }
 
