@@ -4,6 +4,9 @@
 
 mod rig;
 
+#[path = "docs/install_pages.rs"]
+mod install_pages;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -476,11 +479,21 @@ fn main_is_a_release_nothing_waits_unreleased() {
         "CHANGELOG.md's newest section is {newest}, the crates say {version}"
     );
     let dated = date.len() == 10
-        && date
-            .char_indices()
-            .all(|(i, c)| if i == 4 || i == 7 { c == '-' } else { c.is_ascii_digit() });
-    assert!(dated, "CHANGELOG.md's section {version} has no date (YYYY-MM-DD): {newest}");
-    assert!(*entries > 0, "CHANGELOG.md's section {version} lists no change");
+        && date.char_indices().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                c == '-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
+    assert!(
+        dated,
+        "CHANGELOG.md's section {version} has no date (YYYY-MM-DD): {newest}"
+    );
+    assert!(
+        *entries > 0,
+        "CHANGELOG.md's section {version} lists no change"
+    );
 }
 
 /// The guard above reads what it should: entries under [Unreleased] are counted, an undated or
@@ -1426,7 +1439,8 @@ fn every_aws_command_of_the_docs_is_a_valid_request() {
             if !in_console {
                 continue;
             }
-            let line = line.trim_start_matches("$ ");
+            // A block in a list item is indented.
+            let line = line.trim_start().trim_start_matches("$ ");
             if current.is_empty() && !line.starts_with("aws ") {
                 continue;
             }
@@ -1513,6 +1527,109 @@ fn every_aws_command_of_the_docs_is_a_valid_request() {
         applied.contains("CREATE_ON_PUSH") && applied.contains("PULL_THROUGH_CACHE"),
         "{applied:?}"
     );
+    // The fill controller copies a re-signed source's cosign tags over the mirror's: the
+    // repositories it pushes to (the template's, and k8s-image-swapper's made immutable by
+    // migrating.md) exempt exactly those from immutability.
+    let digest = "sha256-".to_string() + &"0a1b2c3d".repeat(8);
+    let exempt = [".sig", ".att", ".sbom"].map(|suffix| format!("{digest}{suffix}"));
+    let immutable = ["1.27.3", "latest", digest.as_str(), "sha256-sig"];
+    let mut immutables = 0;
+    for result in results.iter().filter(|r| {
+        (r["operation"] == "CreateRepositoryCreationTemplate"
+            && r["params"]["appliedFor"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x == "CREATE_ON_PUSH")))
+            || r["operation"] == "PutImageTagMutability"
+    }) {
+        let params = &result["params"];
+        assert_eq!(
+            params["imageTagMutability"], "IMMUTABLE_WITH_EXCLUSION",
+            "{result}"
+        );
+        let filters: Vec<&str> = params["imageTagMutabilityExclusionFilters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .inspect(|f| assert_eq!(f["filterType"], "WILDCARD", "{result}"))
+            .filter_map(|f| f["filter"].as_str())
+            .collect();
+        let exempted = |tag: &str| filters.iter().any(|f| wildcard_matches(f, tag));
+        for tag in &exempt {
+            assert!(exempted(tag), "{tag} stays immutable: {result}");
+        }
+        for tag in immutable {
+            assert!(
+                !exempted(tag),
+                "{tag} is exempt from immutability: {result}"
+            );
+        }
+        immutables += 1;
+    }
+    assert!(
+        immutables >= 2,
+        "the template and migrating.md's repositories"
+    );
+    // Scan on push reaches the template's repositories: a rule of the registry's scanning
+    // configuration whose filter matches a repository under the template's prefix.
+    let scanned = results
+        .iter()
+        .filter(|r| r["operation"] == "PutRegistryScanningConfiguration")
+        .flat_map(|r| r["params"]["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|rule| rule["scanFrequency"] == "SCAN_ON_PUSH")
+        .flat_map(|rule| {
+            rule["repositoryFilters"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|f| f["filter"].as_str().map(str::to_string))
+        .collect::<Vec<_>>();
+    for template in templates.iter().filter(|t| {
+        t["params"]["appliedFor"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "CREATE_ON_PUSH"))
+    }) {
+        let repository = format!(
+            "{}/docker.io/library/nginx",
+            template["params"]["prefix"].as_str().unwrap_or_default()
+        );
+        assert!(
+            scanned.iter().any(|f| wildcard_matches(f, &repository)),
+            "no SCAN_ON_PUSH filter of {scanned:?} reaches {repository}"
+        );
+    }
+}
+
+/// ECR's `WILDCARD` filters: `*` stands for any run of characters, everything else for itself.
+fn wildcard_matches(filter: &str, text: &str) -> bool {
+    let parts: Vec<&str> = filter.split('*').collect();
+    let (first, rest) = parts.split_first().expect("split yields one part at least");
+    let Some(mut left) = text.strip_prefix(first) else {
+        return false;
+    };
+    let Some((last, middle)) = rest.split_last() else {
+        return left.is_empty();
+    };
+    for part in middle {
+        match left.find(part) {
+            Some(at) => left = &left[at + part.len()..],
+            None => return false,
+        }
+    }
+    left.len() >= last.len() && left.ends_with(last)
+}
+
+#[test]
+fn ecr_wildcards_are_matched_as_ecr_reads_them() {
+    assert!(wildcard_matches("sha256-*.sig", "sha256-ab.sig"));
+    assert!(!wildcard_matches("sha256-*.sig", "sha256-ab.sig.att"));
+    assert!(!wildcard_matches("sha256-*.sig", "sha256-ab"));
+    assert!(wildcard_matches("cache/*", "cache/docker.io/library/nginx"));
+    assert!(!wildcard_matches("cache/*", "other/cache/x"));
+    assert!(wildcard_matches("latest", "latest"));
+    assert!(!wildcard_matches("latest", "latest2"));
+    assert!(wildcard_matches("a*b*c", "abc"));
+    assert!(!wildcard_matches("a*bc*c", "abc"));
 }
 
 /// `deploy/<overlay>` with its component `deploy/<overlay>/<component>` added, as a user adds

@@ -6,7 +6,9 @@
 //!
 //! - `<!-- walkthrough: not here (TOOL, ...) -->`: a command needs what this machine has not
 //!   (helm, aws, gcloud, a kubelet); the walk prints what stands in for it. The mark must name
-//!   every such tool, and a block whose every command runs here may not carry it.
+//!   every such tool, and a block whose every command runs here may not carry it. Such a block
+//!   also holds a command that shows on a real cluster that the step worked (a `kubectl get`, an
+//!   `aws … describe-…`, a `gcloud … describe`), which the walk prints.
 //! - `<!-- walkthrough: example output (WHY) -->`: output a real cluster prints; neither run nor
 //!   compared. Only a block that shows output (`$ command` lines) may carry it.
 //! - before a YAML block, `<!-- walkthrough: saved as FILE -->`: the file a later command names.
@@ -40,6 +42,16 @@ const NEEDS_A_KUBELET: [&str; 7] = ["logs", "exec", "port-forward", "attach", "c
 /// The conditions `kubectl wait` meets here without a kubelet or Kubewarden's controller: a Job
 /// the walk plays, and a policy whose PolicyServer exists ([`run_as_typed`]).
 const WAITS_PLAYED: [&str; 2] = ["condition=complete", "condition=PolicyActive"];
+
+/// CronJobs of Kubewarden's chart, which the walk has not (it installs Kubewarden's CRDs, not
+/// the chart): a Job made from one needs helm.
+const CHART_CRONJOBS: [&str; 1] = ["audit-scanner"];
+
+/// The verbs of a command that only reads what a step made: on a real cluster, it shows that
+/// the step worked.
+const KUBECTL_READS: [&str; 5] = ["get", "describe", "wait", "logs", "rollout"];
+const AWS_READS: [&str; 3] = ["get-", "describe-", "list-"];
+const GCLOUD_READS: [&str; 3] = ["describe", "list", "get-iam-policy"];
 
 /// A fenced block of a page: where it starts, its info string, its text, the mark before it.
 #[derive(Debug)]
@@ -148,6 +160,14 @@ fn needs(command: &str) -> BTreeSet<String> {
                 {
                     needs.insert("a kubelet".to_string());
                 }
+                let from_the_chart = program.iter().any(|word| {
+                    CHART_CRONJOBS
+                        .iter()
+                        .any(|cronjob| word == &format!("--from=cronjob/{cronjob}"))
+                });
+                if subcommand == "create" && from_the_chart {
+                    needs.insert("helm".to_string());
+                }
             }
             other => {
                 needs.insert(other.to_string());
@@ -155,6 +175,20 @@ fn needs(command: &str) -> BTreeSet<String> {
         }
     }
     needs
+}
+
+/// Whether `command` only reads what a step made, and so shows on a real cluster that the step
+/// worked.
+fn shows_it_worked(command: &str) -> bool {
+    programs(command).iter().any(|program| {
+        let word = |at: usize| program.get(at).map(String::as_str).unwrap_or_default();
+        match word(0) {
+            "kubectl" => KUBECTL_READS.contains(&word(1)),
+            "aws" => AWS_READS.iter().any(|verb| word(2).starts_with(verb)),
+            "gcloud" => program.iter().any(|w| GCLOUD_READS.contains(&w.as_str())),
+            _ => false,
+        }
+    })
 }
 
 /// What stands in, here, for what a block marked `not here` needs.
@@ -367,6 +401,23 @@ fn walk_page(walk: &mut Walk, page: &str) {
                     stand_in(need)
                 );
             }
+            let checks: Vec<&Step> = steps
+                .iter()
+                .filter(|step| shows_it_worked(&step.command))
+                .collect();
+            assert!(
+                !checks.is_empty(),
+                "{}: marked `not here`, but no command of it shows on a real cluster that the \
+                 step worked: add one (a kubectl get, an aws ... describe-/get-/list-, a gcloud \
+                 ... describe or list)",
+                block.place
+            );
+            for check in checks {
+                println!(
+                    "walkthrough: {}: on a real cluster, `{}` shows it worked",
+                    block.place, check.command
+                );
+            }
             continue;
         }
         let alternative = mark.starts_with("alternative");
@@ -433,6 +484,26 @@ fn a_command_this_walk_cannot_run_is_found() {
         needs("kubectl logs -l a=b | jq -c ."),
         ["a kubelet".to_string()].into()
     );
+    assert_eq!(
+        needs("kubectl create job -n kubewarden --from=cronjob/audit-scanner now"),
+        ["helm".to_string()].into()
+    );
+    assert!(
+        needs("kubectl create job -n kubewarden --from=cronjob/mirror-credentials first")
+            .is_empty()
+    );
+    assert!(shows_it_worked(
+        "aws ecr describe-repository-creation-templates --prefixes cache"
+    ));
+    assert!(shows_it_worked(
+        "gcloud compute firewall-rules list --filter=x"
+    ));
+    assert!(shows_it_worked("helm install x y && kubectl get crd z"));
+    assert!(!shows_it_worked(
+        "aws ecr create-repository-creation-template --prefix cache"
+    ));
+    assert!(!shows_it_worked("gcloud iam service-accounts create x"));
+    assert!(!shows_it_worked("helm install x y"));
     let shown = steps("$ kubectl get x \\\n  -o name\nx/y\n$ kubectl get z\n");
     assert_eq!(shown.len(), 2);
     assert_eq!(shown[0].shown.as_deref(), Some("x/y\n"));
