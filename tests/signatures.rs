@@ -1519,7 +1519,8 @@ fn a_mirror_spelling_of_an_unsigned_image_is_refused_in_both_orders_under_the_re
                 match tag {
                     "unsigned" => assert!(real.is_err(), "admitted: {row}"),
                     _ => assert!(
-                        real.as_deref().is_ok_and(|stored| stored.ends_with(digest.as_str())),
+                        real.as_deref()
+                            .is_ok_and(|stored| stored.ends_with(digest.as_str())),
                         "{row}"
                     ),
                 }

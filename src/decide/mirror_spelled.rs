@@ -202,8 +202,11 @@ mod tests {
     fn assert_refused(decision: &Decision, source: &str) {
         match decision {
             Decision::Reject(note) => assert!(
-                note.text.contains(&format!("is the mirror copy of \"{source}\""))
-                    && (note.text.contains("refused whatever onUnverified and onLookupError say")
+                note.text
+                    .contains(&format!("is the mirror copy of \"{source}\""))
+                    && (note
+                        .text
+                        .contains("refused whatever onUnverified and onLookupError say")
                         || note.text.ends_with(" is reject")),
                 "{}",
                 note.text
