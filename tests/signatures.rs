@@ -839,9 +839,9 @@ enum Placement {
 /// and on `*`, verified at the source (the default) and at the mirror (`verifySource: false`),
 /// `onUnverified` keep and reject, the swapper's rules pasted (`signatures`) or read
 /// (`verifiers`): every row ends as the verifier alone ends on the source (the name a Pod can
-/// pull without the swapper), and nothing unsigned ever runs under the mirror's name. The one
-/// row where that cannot hold is said and pinned: a verifier placed before the swapper, rules
-/// on the sources, `keep`: the source written back is seen by no verifier.
+/// pull without the swapper), and nothing unsigned ever runs under the mirror's name: with
+/// the verifier before the swapper, rules on the sources and `keep`, the mirror spelling of an
+/// unsigned image is refused, not written back to a source no verifier would see again.
 #[test]
 fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
     let world = World::start("sig-spellings", Signer::generate());
@@ -905,20 +905,6 @@ fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
                                     "rules on {rules_on}, {read}, verifySource {verify_source:?}, onUnverified {on_unverified}, verifier {placement:?}, {tag} as {spelling:?} ({image}): {with:?}"
                                 );
                                 rows += 1;
-                                let unseen = placement == Placement::Before
-                                    && rules_on == "sources"
-                                    && on_unverified == "keep"
-                                    && !matches!(spelling, Spelling::Source);
-                                if unseen && tag == "unsigned" {
-                                    // Written back to its source, after the verifier: no
-                                    // verifier sees it (deploy `onUnverified: reject` there).
-                                    assert_eq!(
-                                        with.as_deref().map(|s| s.starts_with(&world.source.host)),
-                                        Ok(true),
-                                        "{row}"
-                                    );
-                                    continue;
-                                }
                                 if let Ok(stored) = &with {
                                     assert!(
                                         !(stored.starts_with(&world.mirror.host)
@@ -1391,6 +1377,30 @@ fn kwctl_webhook(
     Ok(image_of(&patched))
 }
 
+/// The two webhooks in `order` under the real kwctl: what the API server stores, or the
+/// refusal.
+fn kwctl_chain(
+    tools: &RealTools,
+    order: Order,
+    (verifier_wasm, verifier_settings): (&std::path::Path, &Value),
+    (swapper_wasm, swapper_settings): (&std::path::Path, &Value),
+    image: &str,
+    sources: &std::path::Path,
+) -> Admitted {
+    let (first, second) = match order {
+        Order::SwapperFirst => (
+            (swapper_wasm, swapper_settings),
+            (verifier_wasm, verifier_settings),
+        ),
+        Order::VerifierFirst => (
+            (verifier_wasm, verifier_settings),
+            (swapper_wasm, swapper_settings),
+        ),
+    };
+    let stored = kwctl_webhook(tools, first.0, first.1, &pod(image)["object"], sources)?;
+    kwctl_webhook(tools, second.0, second.1, &pod(&stored)["object"], sources)
+}
+
 /// The chain of the tests above, with the real verify-image-signatures 1.0.11 module and the
 /// real kwctl 1.35 (the real tools) instead of the rig: every outcome (the image stored, or a
 /// refusal) is the rig's.
@@ -1428,40 +1438,14 @@ fn the_chain_is_the_real_verifiers() {
                             let image = world.image(tag);
                             let swapper_settings = world.swapper_settings(signatures);
                             let verifier_settings = json!({"signatures": rules});
-                            let real = match order {
-                                Order::SwapperFirst => kwctl_webhook(
-                                    &tools,
-                                    &swapper_wasm,
-                                    &swapper_settings,
-                                    &pod(&image)["object"],
-                                    &sources,
-                                )
-                                .and_then(|stored| {
-                                    kwctl_webhook(
-                                        &tools,
-                                        &verifier_wasm,
-                                        &verifier_settings,
-                                        &pod(&stored)["object"],
-                                        &sources,
-                                    )
-                                }),
-                                Order::VerifierFirst => kwctl_webhook(
-                                    &tools,
-                                    &verifier_wasm,
-                                    &verifier_settings,
-                                    &pod(&image)["object"],
-                                    &sources,
-                                )
-                                .and_then(|stored| {
-                                    kwctl_webhook(
-                                        &tools,
-                                        &swapper_wasm,
-                                        &swapper_settings,
-                                        &pod(&stored)["object"],
-                                        &sources,
-                                    )
-                                }),
-                            };
+                            let real = kwctl_chain(
+                                &tools,
+                                order,
+                                (&verifier_wasm, &verifier_settings),
+                                (&swapper_wasm, &swapper_settings),
+                                &image,
+                                &sources,
+                            );
                             let ours = admit(&world, order, rules, signatures, &image);
                             println!(
                                 "{order:?} copied={copied} signatures={signatures} {} {tag}: {real:?}",
@@ -1481,6 +1465,74 @@ fn the_chain_is_the_real_verifiers() {
             }
         }
     }
+}
+
+/// An image written under the mirror's name, whose source is unsigned and which the mirror
+/// does not hold, under the real kwctl and verify-image-signatures 1.0.11: a verifier first
+/// (rules on the sources) admits the mirror's name it does not match, and the swapper, with its
+/// default `keep` fallbacks, must refuse it rather than write the unsigned source back, which
+/// no verifier would see. Both orders, rules on the sources and on `*`: refused, as the verifier
+/// alone refuses the source; the signed image's mirror spelling is admitted pinned to its
+/// verified digest.
+#[test]
+fn a_mirror_spelling_of_an_unsigned_image_is_refused_in_both_orders_under_the_real_verifier() {
+    let Some(tools) = RealTools::find(
+        "a_mirror_spelling_of_an_unsigned_image_is_refused_in_both_orders_under_the_real_verifier",
+    ) else {
+        return;
+    };
+    let verifier_wasm = tools.bin("verify-image-signatures.wasm");
+    let swapper_wasm = tools.annotated_policy();
+    let world = World::start("sig-late", Signer::generate());
+    world.copy_signature();
+    let sources = std::env::temp_dir().join("sig-late-sources.yml");
+    std::fs::write(
+        &sources,
+        format!(
+            "insecure_sources: [\"{}\", \"{}\"]\n",
+            world.source.host, world.mirror.host
+        ),
+    )
+    .expect("sources");
+    let mut rows = 0;
+    for rule in [
+        world.rule(&format!("{}/org/*", world.source.host)),
+        world.rule("*"),
+    ] {
+        let rules = vec![rule];
+        let verifier_settings = json!({"signatures": rules});
+        let swapper_settings = world.swapper_settings(true);
+        for order in [Order::VerifierFirst, Order::SwapperFirst] {
+            for (tag, digest) in [("unsigned", &world.unsigned), ("signed", &world.signed)] {
+                let image = Spelling::Mirror.of(&world, tag, digest);
+                let real = kwctl_chain(
+                    &tools,
+                    order,
+                    (&verifier_wasm, &verifier_settings),
+                    (&swapper_wasm, &swapper_settings),
+                    &image,
+                    &sources,
+                );
+                let row = format!("{order:?}, rule {}, {image}: {real:?}", rules[0]["image"]);
+                println!("{row}");
+                rows += 1;
+                match tag {
+                    "unsigned" => assert!(real.is_err(), "admitted: {row}"),
+                    _ => assert!(
+                        real.as_deref()
+                            .is_ok_and(|stored| stored.ends_with(digest.as_str())),
+                        "{row}"
+                    ),
+                }
+                assert_eq!(
+                    real.is_ok(),
+                    admit_with(order, &rules, &swapper_settings, &image).is_ok(),
+                    "the rig differs: {row}"
+                );
+            }
+        }
+    }
+    assert_eq!(rows, 8);
 }
 
 /// The rig's answers to `v2/verify` are real kwctl's, to the letter: each request below is

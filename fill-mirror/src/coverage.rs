@@ -1,9 +1,8 @@
-//! Which namespaces the swapping policy covers, so that workload templates are filled only where
-//! the policy would swap their Pods: its ClusterAdmissionPolicy's `namespaceSelector` (kube's
-//! own `Selector` does the matching), against each namespace's labels as the watch of namespaces
-//! keeps them. Pods' records are not held to it: one in a namespace the policy does not cover
-//! was not written by it, and is still read as any record is (only the copies the rules route,
-//! to where they route them).
+//! Which namespaces the swapping policy covers, so that workload templates and Pods' records
+//! are read only where the policy would swap their Pods: its ClusterAdmissionPolicy's
+//! `namespaceSelector` (kube's own `Selector` does the matching), against each namespace's
+//! labels as the watch of namespaces keeps them. A record in a namespace the policy does not
+//! cover was not written by it, and is ignored.
 
 use std::collections::BTreeMap;
 

@@ -135,11 +135,21 @@ impl Referrers {
                 404 if listed.is_empty() => return Ok(None),
                 status => return Err(format!("GET {url}: {status}")),
             }
-            match answer.next {
-                Some(next) if next.starts_with('/') => url = format!("{origin}{next}"),
-                Some(next) => url = next,
+            // The next page only from the same origin (scheme, host and port): the
+            // `Authorization` goes with the request, and a registry's `Link` must not send it
+            // (or the controller) anywhere else, plain `http://` included.
+            url = match answer.next {
+                Some(next) if next.starts_with('/') && !next.starts_with("//") => {
+                    format!("{origin}{next}")
+                }
+                Some(next) if same_origin(&next, &origin) => next,
+                Some(next) => {
+                    return Err(format!(
+                        "GET {url}: the next page's Link names another origin than {origin} ({next}): not followed, the registry's credentials stay with it"
+                    ));
+                }
                 None => return Ok(Some(listed)),
-            }
+            };
         }
         Err(format!(
             "GET {url}: more than {MAX_PAGES} pages of referrers"
@@ -248,6 +258,13 @@ impl Referrers {
     }
 }
 
+/// Whether the absolute `url` lies under `origin` (`scheme://host[:port]`, no path): the same
+/// scheme, host and port, and nothing after them but a path or a query.
+fn same_origin(url: &str, origin: &str) -> bool {
+    url.strip_prefix(origin)
+        .is_some_and(|rest| rest.starts_with('/') || rest.starts_with('?'))
+}
+
 /// The target of a `Link: <…>; rel="next"` value (RFC 8288), as distribution-spec pages with.
 fn next_link(value: &str) -> Option<String> {
     value.split(',').find_map(|link| {
@@ -345,5 +362,27 @@ mod tests {
             query_escape("repository:library/nginx:pull"),
             "repository%3Alibrary%2Fnginx%3Apull"
         );
+    }
+
+    /// The next page's `Link` is followed only within the origin the first page came from.
+    #[test]
+    fn a_next_page_is_followed_only_within_its_origin() {
+        let origin = "https://registry.example.com:5000";
+        for same in [
+            "https://registry.example.com:5000/v2/org/app/referrers/sha256:a?n=2",
+            "https://registry.example.com:5000?last=x",
+        ] {
+            assert!(same_origin(same, origin), "{same}");
+        }
+        for other in [
+            "http://registry.example.com:5000/v2/org/app/referrers/sha256:a",
+            "https://registry.example.com/v2/",
+            "https://registry.example.com:50001/v2/",
+            "https://registry.example.com:5000@attacker.example/v2/",
+            "https://registry.example.com:5000.attacker.example/v2/",
+            "https://attacker.example/v2/",
+        ] {
+            assert!(!same_origin(other, origin), "{other}");
+        }
     }
 }

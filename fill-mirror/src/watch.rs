@@ -65,6 +65,11 @@ enum TemplateEvent {
     InitDone(&'static str),
 }
 
+/// The namespace of a Pod's key (`namespace/name`).
+fn pod_namespace(key: &str) -> &str {
+    key.split('/').next().unwrap_or_default()
+}
+
 /// The namespace of a template's key, `Kind/namespace/name`.
 fn namespace_of(key: &str) -> Option<&str> {
     key.split('/').nth(1)
@@ -167,16 +172,13 @@ impl Watch {
             templates_listing: BTreeMap::new(),
             coverage: Coverage::default(),
         };
-        let mut namespaces = if self.templates {
-            watcher::watcher(
-                Api::<Namespace>::all(self.client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .boxed()
-        } else {
-            futures::stream::pending().boxed()
-        };
+        // Records and templates alike are read only where the policy covers the namespace.
+        let mut namespaces = watcher::watcher(
+            Api::<Namespace>::all(self.client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .boxed();
         let mut templates = if self.templates {
             let c = &self.client;
             futures::stream::select_all([
@@ -274,14 +276,7 @@ impl Watch {
             Ok(policy) => {
                 tracing::info!(policy = %name, "read the swapping policy's settings; reading every record again");
                 known.policy = Some(policy);
-                let pods: Vec<(String, Value)> = known
-                    .pods
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                for (key, value) in pods {
-                    self.read(known, &key, &value);
-                }
+                self.read_records(known, None);
                 self.route_templates(known, None);
                 self.wake.notify_one();
             }
@@ -358,6 +353,7 @@ impl Watch {
                 let labels = namespace.metadata.labels.clone().unwrap_or_default();
                 if known.coverage.namespace_seen(&name, labels) {
                     self.route_templates(known, Some(&name));
+                    self.read_records(known, Some(&name));
                     self.wake.notify_one();
                 }
             }
@@ -403,11 +399,39 @@ impl Watch {
         self.wake.notify_one();
     }
 
-    /// Puts a Pod's record on the board, read against the settings in force.
+    /// Reads again the records of the Pods of `namespace` (or of every Pod): its labels, or the
+    /// settings, changed.
+    fn read_records(&self, known: &mut Known, namespace: Option<&str>) {
+        let pods: Vec<(String, Value)> = known
+            .pods
+            .iter()
+            .filter(|(key, _)| namespace.is_none_or(|namespace| pod_namespace(key) == namespace))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (key, value) in pods {
+            self.read(known, &key, &value);
+        }
+    }
+
+    /// Puts a Pod's record on the board, read against the settings in force. A record in a
+    /// namespace the policy does not cover was not written by it (anyone who may label a Pod
+    /// there can write one): it is ignored, so that nobody has the controller copy for them
+    /// with its own logins by writing a record the policy never would.
     fn read(&self, known: &mut Known, key: &str, pod: &Value) {
         let Some(policy) = known.policy.as_ref() else {
             return;
         };
+        if !known.coverage.covers(pod_namespace(key)) {
+            lock(&self.board).pod_gone(key);
+            let note = format!(
+                "ignored the record of Pod {key}: the swapping policy does not cover its namespace, so it did not write it"
+            );
+            if known.noted.insert(note.clone()) {
+                self.metrics.counted("refused");
+                tracing::warn!(pod = %key, "{note}");
+            }
+            return;
+        }
         match read_record(pod, policy) {
             None => lock(&self.board).pod_gone(key),
             Some(record) => {

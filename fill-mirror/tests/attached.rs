@@ -244,6 +244,87 @@ fn a_private_source_s_referrers_are_read_with_its_login(#[case] bearer: bool) {
     );
 }
 
+/// A listener that records the head of every request it gets and answers an empty referrers
+/// index: a host a registry's `Link` could send the controller to.
+fn recording_listener() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let origin = format!("http://{}", listener.local_addr().expect("address"));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = seen.clone();
+    std::thread::spawn(move || {
+        for mut client in listener.incoming().flatten() {
+            let mut head = [0u8; 8192];
+            let n = client.read(&mut head).unwrap_or(0);
+            if let Ok(mut seen) = recorded.lock() {
+                seen.push(String::from_utf8_lossy(&head[..n]).into_owned());
+            }
+            let body = format!(r#"{{"schemaVersion":2,"mediaType":"{OCI_INDEX}","manifests":[]}}"#);
+            let _ = write!(
+                client,
+                "HTTP/1.1 200 OK\r\nContent-Type: {OCI_INDEX}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (origin, seen)
+}
+
+/// A private source whose referrers API pages with a `Link` to another host (plain HTTP): the
+/// controller does not follow it, so the token its realm gave never leaves the registry, and
+/// the copy says why its referrers were not read.
+#[test]
+fn a_next_page_on_another_host_is_not_followed_with_the_credentials() {
+    let source = TestRegistry::start_with_basic_auth("att-link-src", "puller", "pull-token")
+        .expect("source registry");
+    let mirror = TestRegistry::start("att-link-mirror").expect("mirror registry");
+    let auth = basic_auth("puller", "pull-token")
+        .trim_start_matches("Basic ")
+        .to_string();
+    let (elsewhere, seen) = recording_listener();
+    let front = ReferrersFront::start_paging(
+        &source,
+        Guard::Bearer(auth.clone()),
+        Some(elsewhere.clone()),
+    )
+    .expect("source front");
+    let far = LatencyProxy::network(&front.host, AWAY).expect("latency proxy");
+    let web = Image::new("private web, paged", "linux/amd64");
+    web.push(&source, "app/web", Some("1"));
+    for (kind, content) in [
+        ("application/spdx+json", "sbom"),
+        ("application/vnd.in-toto+json", "provenance"),
+    ] {
+        push_referrer(
+            &source,
+            "app/web",
+            kind,
+            content,
+            (&web.manifest, OCI_MANIFEST),
+        );
+    }
+    let image = format!("{}/app/web:1", far.host);
+
+    let output = once_with(
+        &far.host,
+        &mirror.host,
+        &[pod(&image, &far.host, &mirror.host)],
+        Some(json!({ far.host.clone(): { "auth": auth } })),
+    );
+
+    let both = format!("{}{}", text(&output.stdout), text(&output.stderr));
+    let requests = seen.lock().map(|seen| seen.clone()).unwrap_or_default();
+    assert!(
+        requests.is_empty(),
+        "the other host was asked: {requests:?}\n{both}"
+    );
+    assert!(
+        both.contains(&format!("names another origin than http://{}", far.host))
+            && both.contains(&elsewhere),
+        "{both}"
+    );
+}
+
 /// A source without the referrers API (Debian's registry answers 404): the tag schema's
 /// index (`sha256-<hex>`) is read, and only the manifests whose `subject` is the image are
 /// copied; the mirror's `sha256-<hex>` tag, a pinned image's own tag there, is not written.

@@ -312,20 +312,7 @@ fn templates_are_filled_only_where_the_policy_s_namespace_selector_covers() {
     let inside = Image::new("inside", "linux/amd64").push(&cluster.source, "app/inside", Some("1"));
     let outside =
         Image::new("outside", "linux/amd64").push(&cluster.source, "app/outside", Some("1"));
-    let mut policy = cluster
-        .plane
-        .get_json(&["clusteradmissionpolicy", "image-swapper"]);
-    policy["spec"]["namespaceSelector"] = serde_json::json!({"matchLabels": {"swap": "yes"}});
-    cluster
-        .plane
-        .kubectl(&["apply", "-f", "-"], Some(&policy.to_string()));
-    for (namespace, swap) in [("covered", "yes"), ("other", "no")] {
-        let object = serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": {"swap": swap}}});
-        cluster
-            .plane
-            .kubectl(&["create", "-f", "-"], Some(&object.to_string()));
-    }
+    cover_only_covered(&cluster);
     let _watch = Watch::start(&cluster.plane);
     for (namespace, repository) in [("covered", "app/inside"), ("other", "app/outside")] {
         let deployment = serde_json::json!({
@@ -360,6 +347,73 @@ fn templates_are_filled_only_where_the_policy_s_namespace_selector_covers() {
         eventually(30, || cluster.mirror.digest_of("hub/app/outside", "1")
             == Some(outside.clone())),
         "the namespace labelled into the selector: its template is not filled"
+    );
+}
+
+/// The swapping policy's `namespaceSelector` set to `swap: yes`, and two namespaces: `covered`
+/// (labelled in) and `other` (labelled out).
+fn cover_only_covered(cluster: &Cluster) {
+    let mut policy = cluster
+        .plane
+        .get_json(&["clusteradmissionpolicy", "image-swapper"]);
+    policy["spec"]["namespaceSelector"] = serde_json::json!({"matchLabels": {"swap": "yes"}});
+    cluster
+        .plane
+        .kubectl(&["apply", "-f", "-"], Some(&policy.to_string()));
+    for (namespace, swap) in [("covered", "yes"), ("other", "no")] {
+        let object = serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {"swap": swap}}});
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+    }
+}
+
+/// A record in a namespace the policy does not cover was not written by it (anyone who may
+/// create a labelled Pod there can write one): nothing is copied for it, and the refusal is
+/// counted; once the namespace is labelled into the selector, the record is read at once.
+#[test]
+fn a_record_in_a_namespace_the_policy_does_not_cover_is_ignored() {
+    let Some(cluster) = cluster("fill-record-covered") else {
+        return;
+    };
+    let inside = Image::new("inside", "linux/amd64").push(&cluster.source, "app/inside", Some("1"));
+    let outside =
+        Image::new("outside", "linux/amd64").push(&cluster.source, "app/outside", Some("1"));
+    cover_only_covered(&cluster);
+    let watch = Watch::start(&cluster.plane);
+    for (namespace, repository) in [("covered", "app/inside"), ("other", "app/outside")] {
+        let image = format!("{}/{repository}:1", cluster.source.host);
+        let mut pod = recorded_pod("web", &[&image], &[&image], &cluster.policy);
+        pod["metadata"]["namespace"] = Value::from(namespace);
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
+    }
+    assert!(
+        eventually(60, || cluster.mirror.digest_of("hub/app/inside", "1")
+            == Some(inside.clone())),
+        "the covered namespace's record is not filled"
+    );
+    let refused = "fill_mirror_copies_total{result=\"refused\"}";
+    assert!(
+        eventually(10, || watch.metric(refused) == Some(1.0)),
+        "{refused} is {:?}",
+        watch.metric(refused)
+    );
+    assert_eq!(
+        cluster.mirror.digest_of("hub/app/outside", "1"),
+        None,
+        "a record of a namespace the policy does not cover was filled"
+    );
+    cluster.plane.kubectl(
+        &["label", "namespace", "other", "swap=yes", "--overwrite"],
+        None,
+    );
+    assert!(
+        eventually(30, || cluster.mirror.digest_of("hub/app/outside", "1")
+            == Some(outside.clone())),
+        "the namespace labelled into the selector: its record is not filled"
     );
 }
 

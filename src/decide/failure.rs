@@ -198,6 +198,7 @@ pub(super) fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Fail
         learned: learned.clone(),
         refusal: refusal.clone(),
         unverified_digest: unverified_digest.clone(),
+        verified_digest: None,
     };
     match action {
         Fallback::Keep => Decision::Keep(note(format!(

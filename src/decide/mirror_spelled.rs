@@ -2,9 +2,10 @@
 //! verifier keyed on sources does not match the mirror's name, so the image is judged as the
 //! source spellings that route there (`crate::inverse`): when a rule covers any of them, it
 //! is verified as that source would be on its way to this mirror, and one that does not
-//! verify never runs under the mirror's name. `onUnverified: reject` refuses it; otherwise it
-//! is written back to its source spelling, which a verifier on sources then judges as without
-//! this policy. Without `signatures` and `verifiers` such an image is left alone, unlooked-up.
+//! verify never runs under the mirror's name: it is refused, whatever `onUnverified` and
+//! `onLookupError` say, since a verifier that ran before this policy judged only the mirror's
+//! name. A source that verified but that no mirror serves is written back pinned at the digest
+//! that verified. Without `signatures` and `verifiers` such an image is left alone, unlooked-up.
 
 use crate::inverse::SourceSpelling;
 use crate::policy::Policy;
@@ -42,7 +43,7 @@ pub(super) fn decide_mirror_spelled(
         let decision = unreadable_verifiers(source, &chosen.reference, &destination, policy);
         return judged(
             image,
-            source,
+            &chosen.reference,
             "",
             decision.unwrap_or(Decision::AlreadySwapped),
         );
@@ -63,7 +64,7 @@ pub(super) fn decide_mirror_spelled(
         secrets,
         registry,
     );
-    judged(image, source, &covered, decision)
+    judged(image, &chosen.reference, &covered, decision)
 }
 
 /// The one mirror the Pod wrote, as the settings spell it and with its pull secret, so the
@@ -96,38 +97,60 @@ fn written_target<'p>(
 }
 
 /// The walk's decision for the source, as it applies to the image written under the mirror's
-/// name: a verified copy is written pinned; a kept source is written back in place of the
-/// mirror's name, with the reason; a refusal names both spellings.
-fn judged(image: &str, source: &str, covered: &str, decision: Decision) -> Decision {
+/// name: a verified copy is written pinned; a source that verified but that no mirror serves is
+/// written back at the digest that verified; anything else is refused, whatever `onUnverified`
+/// and `onLookupError` say. A verifier that ran before this policy judged only the mirror's
+/// name (its rules on the sources do not match it), so a source written back unverified, or at
+/// a tag that can move, would run with no verifier having seen it.
+fn judged(image: &str, source: &Reference, covered: &str, decision: Decision) -> Decision {
     match decision {
-        Decision::Keep(note) => {
-            let text = format!(
-                "image {}: written back to its source {}{covered}, since it cannot run under the mirror's name unverified: {}",
-                quote(image),
-                quote(source),
-                note.text
-            );
-            // A budget's note is told in the message that names the budget, which takes only
-            // images kept: this one is written back, so it says it on its own.
-            let reason = match note.reason {
-                Reason::Budget => Reason::LookupError,
-                reason => reason,
-            };
-            Decision::Swap {
-                image: source.to_string(),
-                pull_secret: None,
-                note: Some(Note {
-                    reason,
-                    text,
-                    ..note
-                }),
+        Decision::Keep(note) => match &note.verified_digest {
+            Some(digest) => {
+                let written = match source.tag() {
+                    Some(tag) => format!("{}:{tag}@{digest}", source.name()),
+                    None => format!("{}@{digest}", source.name()),
+                };
+                let text = format!(
+                    "image {}: written back to its source {}{covered}, at the digest that verified there, since no mirror serves that digest: {}",
+                    quote(image),
+                    quote(&written),
+                    note.text
+                );
+                // A budget's note is told in the message that names the budget, which takes
+                // only images kept: this one is written back, so it says it on its own.
+                let reason = match note.reason {
+                    Reason::Budget => Reason::LookupError,
+                    reason => reason,
+                };
+                Decision::Swap {
+                    image: written,
+                    pull_secret: None,
+                    note: Some(Note {
+                        reason,
+                        text,
+                        ..note
+                    }),
+                }
             }
-        }
+            None => Decision::Reject(Note {
+                text: format!(
+                    "image {} is the mirror copy of {}{covered} and did not verify, so it is refused whatever onUnverified and onLookupError say (a verifier that ran before this policy saw only the mirror's name): {}",
+                    quote(image),
+                    quote(source.as_str()),
+                    note.text
+                ),
+                reason: match note.reason {
+                    Reason::Budget => Reason::LookupError,
+                    reason => reason,
+                },
+                ..note
+            }),
+        },
         Decision::Reject(note) => Decision::Reject(Note {
             text: format!(
                 "image {} is the mirror copy of {}{covered}: {}",
                 quote(image),
-                quote(source),
+                quote(source.as_str()),
                 note.text
             ),
             ..note
@@ -174,40 +197,84 @@ mod tests {
         }
     }
 
+    /// Refused, with the mirror copy's and the source's names; where the settings said `keep`,
+    /// saying it is refused whatever they say.
+    fn assert_refused(decision: &Decision, source: &str) {
+        match decision {
+            Decision::Reject(note) => assert!(
+                note.text
+                    .contains(&format!("is the mirror copy of \"{source}\""))
+                    && (note
+                        .text
+                        .contains("refused whatever onUnverified and onLookupError say")
+                        || note.text.ends_with(" is reject")),
+                "{}",
+                note.text
+            ),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
     /// An unsigned source copied into the mirror and written under the mirror's name: never
-    /// admitted there. `keep` writes the source back, which a verifier on sources refuses.
+    /// admitted there, and never written back to a source no verifier may see again (one
+    /// placed before this policy saw only the mirror's name), whatever `onUnverified` says.
     #[rstest]
-    #[case::keep_writes_the_source_back("", false)]
-    #[case::reject_refuses(r#","onUnverified":"reject""#, true)]
-    fn an_unsigned_source_written_under_the_mirrors_name_never_runs_there(
-        #[case] extra: &str,
-        #[case] refused: bool,
-    ) {
+    #[case::keep("")]
+    #[case::reject(r#","onUnverified":"reject""#)]
+    #[case::keep_both(r#","onUnverified":"keep","onLookupError":"keep""#)]
+    fn an_unsigned_source_written_under_the_mirrors_name_is_refused(#[case] extra: &str) {
         let mut registry = FakeRegistry::default().with(MIRROR, Ok(DIGEST_A));
         registry
             .verifications
             .insert(SOURCE.to_string(), unsigned());
         let decision = decide(MIRROR, &policy(extra), &mut registry);
-        let note = note_of(&decision);
-        assert_eq!(note.reason, Reason::UnverifiedAtSource);
+        assert_eq!(note_of(&decision).reason, Reason::UnverifiedAtSource);
+        assert_refused(&decision, SOURCE);
+        assert!(
+            note_of(&decision)
+                .text
+                .contains("(covered by signatures[0] (image \"registry.example.com/org/*\"))"),
+            "{}",
+            note_of(&decision).text
+        );
+        assert_eq!(registry.asked, [format!("verify {SOURCE}")]);
+    }
+
+    /// A source that verified at digest B, whose copy no mirror holds: written back at B, the
+    /// digest that verified, never at the tag, which could name other content by the time the
+    /// kubelet pulls.
+    #[rstest]
+    #[case::by_tag(MIRROR, format!("{SOURCE}@{DIGEST_B}"))]
+    #[case::by_name_only(
+        "mirror.example.com/cache/org/app",
+        format!("registry.example.com/org/app:latest@{DIGEST_B}")
+    )]
+    fn a_verified_source_the_mirror_lacks_is_written_back_at_the_digest_that_verified(
+        #[case] image: &str,
+        #[case] written: String,
+    ) {
+        let mut registry = FakeRegistry::default().with(image, Ok(DIGEST_A));
+        let source = written.split('@').next().unwrap_or_default().to_string();
+        registry
+            .verifications
+            .insert(source, Ok(DIGEST_B.to_string()));
+        let decision = decide(image, &policy(""), &mut registry);
         match &decision {
-            Decision::Swap { image, .. } if !refused => {
-                assert_eq!(image, SOURCE);
+            Decision::Swap {
+                image: swapped,
+                note: Some(note),
+                ..
+            } => {
+                assert_eq!(*swapped, written);
+                assert_eq!(note.reason, Reason::Absent);
                 assert!(
-                    note.text.starts_with(&format!("image \"{MIRROR}\": written back to its source \"{SOURCE}\" (covered by signatures[0] (image \"registry.example.com/org/*\"))")),
+                    note.text.contains("at the digest that verified there"),
                     "{}",
                     note.text
                 );
             }
-            Decision::Reject(_) if refused => assert!(
-                note.text
-                    .contains(&format!("is the mirror copy of \"{SOURCE}\"")),
-                "{}",
-                note.text
-            ),
             other => panic!("{other:?}"),
         }
-        assert_eq!(registry.asked, [format!("verify {SOURCE}")]);
     }
 
     #[test]
@@ -231,46 +298,37 @@ mod tests {
         assert_eq!(registry.asked, [format!("verify {SOURCE}"), pinned]);
     }
 
-    /// A Pod that pinned a digest is verified at that digest and written back pinned.
+    /// A Pod that pinned a digest is verified at that digest, and refused when it does not
+    /// verify there.
     #[test]
-    fn a_pinned_mirror_image_is_verified_at_its_digest_and_written_back_pinned() {
+    fn a_pinned_mirror_image_that_does_not_verify_at_its_digest_is_refused() {
         let image = format!("mirror.example.com/cache/org/app@{DIGEST_A}");
         let source = format!("registry.example.com/org/app@{DIGEST_A}");
         let mut registry = FakeRegistry::default().with(&image, Ok(DIGEST_A));
         registry.verifications.insert(source.clone(), unsigned());
         let decision = decide(&image, &policy(""), &mut registry);
-        assert!(
-            matches!(&decision, Decision::Swap { image, .. } if *image == source),
-            "{decision:?}"
-        );
+        assert_refused(&decision, &source);
         assert_eq!(registry.asked, [format!("verify {source}")]);
     }
 
-    /// A verification that cannot be made never leaves the image under the mirror's name.
+    /// A verification that cannot be made never leaves the image under the mirror's name, nor
+    /// writes back a source nobody verified: refused under either `onLookupError`.
     #[rstest]
-    #[case::keep("", false)]
-    #[case::reject(r#","onLookupError":"reject""#, true)]
-    fn a_verification_that_cannot_be_made_writes_the_source_back(
-        #[case] extra: &str,
-        #[case] refused: bool,
-    ) {
+    #[case::keep("")]
+    #[case::reject(r#","onLookupError":"reject""#)]
+    fn a_verification_that_cannot_be_made_is_refused(#[case] extra: &str) {
         let mut registry = FakeRegistry::default();
         registry.verifications.insert(
             SOURCE.to_string(),
             Err(LookupError::Failed("connection refused".to_string())),
         );
         let decision = decide(MIRROR, &policy(extra), &mut registry);
-        match decision {
-            Decision::Swap { image, note, .. } if !refused => {
-                assert_eq!(image, SOURCE);
-                assert_eq!(note.map(|n| n.reason), Some(Reason::LookupError));
-            }
-            Decision::Reject(note) if refused => assert_eq!(note.reason, Reason::LookupError),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(note_of(&decision).reason, Reason::LookupError);
+        assert_refused(&decision, SOURCE);
     }
 
-    /// `verifySource: false`: the copy the Pod names verifies at the mirror, as a source's copy.
+    /// `verifySource: false`: the copy the Pod names verifies at the mirror, as a source's copy;
+    /// one that does not is refused.
     #[test]
     fn with_the_mirrors_tags_trusted_the_copy_itself_must_verify() {
         let mut registry = FakeRegistry::default();
@@ -286,10 +344,7 @@ mod tests {
             .verifications
             .insert(MIRROR.to_string(), unsigned());
         let decision = decide(MIRROR, &policy(r#","verifySource":false"#), &mut registry);
-        assert!(
-            matches!(&decision, Decision::Swap { image, .. } if image == SOURCE),
-            "{decision:?}"
-        );
+        assert_refused(&decision, SOURCE);
     }
 
     /// Docker Hub's short spellings count: `nginx*` covers `m.io/hub/library/nginx`.
@@ -302,10 +357,7 @@ mod tests {
             Err(LookupError::Unverified("no signatures".to_string())),
         );
         let decision = decide(image, &policy(""), &mut registry);
-        assert!(
-            matches!(&decision, Decision::Swap { image, .. } if image == "docker.io/library/nginx:1.27"),
-            "{decision:?}"
-        );
+        assert_refused(&decision, "docker.io/library/nginx:1.27");
     }
 
     /// Nothing to verify: no rule covers its sources, or no rule at all. No lookup.
@@ -327,17 +379,14 @@ mod tests {
         assert!(registry.asked.is_empty());
     }
 
-    /// Verifier rules that could not be read may cover it: written back, never left unverified.
+    /// Verifier rules that could not be read may cover it: refused, never left unverified.
     #[test]
-    fn unreadable_verifiers_write_the_source_back() {
+    fn unreadable_verifiers_refuse_it() {
         let mut policy = policy("");
         policy.verifiers_unreadable = Some("could not list AdmissionPolicy objects".to_string());
         let mut registry = FakeRegistry::default();
         let decision = decide(MIRROR, &policy, &mut registry);
-        assert!(
-            matches!(&decision, Decision::Swap { image, .. } if image == SOURCE),
-            "{decision:?}"
-        );
+        assert_refused(&decision, SOURCE);
         assert!(registry.asked.is_empty());
     }
 }

@@ -81,6 +81,9 @@ pub struct Note {
     /// When the mirror's copy did not verify: the digest it serves, when known, which names
     /// the signature tag the fill job copies.
     pub unverified_digest: Option<String>,
+    /// When the image verified at its source and no mirror served it: the digest that
+    /// verified, the only one an image written under a mirror's name may be written back at.
+    pub verified_digest: Option<String>,
 }
 
 impl Note {
@@ -92,6 +95,7 @@ impl Note {
             learned: None,
             refusal: None,
             unverified_digest: None,
+            verified_digest: None,
         }
     }
 }

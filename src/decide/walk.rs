@@ -126,13 +126,26 @@ pub(super) fn decide_verified(
             // The budget cuts the walk short: the images it did not finish follow
             // onLookupError, like any image not looked up.
             Err((lookup, failure @ Failure::Budget { .. })) => {
-                return fallback(policy, image, vec![(lookup, failure)]);
+                let decision = fallback(policy, image, vec![(lookup, failure)]);
+                return with_verified_digest(decision, verified_at_source);
             }
             Err(failure) => failures.push(failure),
         }
     }
     learn_unverified_digest(&mut failures, registry);
-    fallback(policy, image, failures)
+    with_verified_digest(fallback(policy, image, failures), verified_at_source)
+}
+
+/// A kept image that verified at its source carries the digest that verified: an image the
+/// Pod wrote under a mirror's name is written back at that digest and no other.
+fn with_verified_digest(decision: Decision, verified: Option<String>) -> Decision {
+    match decision {
+        Decision::Keep(note) => Decision::Keep(Note {
+            verified_digest: verified,
+            ..note
+        }),
+        other => other,
+    }
 }
 
 /// No mirror served, and one holds a copy that did not verify by tag: the host's refusal does

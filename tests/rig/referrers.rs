@@ -53,6 +53,16 @@ impl ReferrersFront {
 
     /// A front whose referrers requests need what `guard` says.
     pub fn start_guarded(registry: &TestRegistry, guard: Guard) -> anyhow::Result<ReferrersFront> {
+        ReferrersFront::start_paging(registry, guard, None)
+    }
+
+    /// A front whose `Link` to the next page is the absolute URL of `next_origin`
+    /// (`scheme://host:port`) when one is given: a registry that sends its client elsewhere.
+    pub fn start_paging(
+        registry: &TestRegistry,
+        guard: Guard,
+        next_origin: Option<String>,
+    ) -> anyhow::Result<ReferrersFront> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let host = listener.local_addr()?.to_string();
         listener.set_nonblocking(true)?;
@@ -67,8 +77,10 @@ impl ReferrersFront {
                     Ok((client, _)) => {
                         let (upstream, storage) = (upstream.clone(), storage.clone());
                         let (guard, front) = (guard.clone(), front.clone());
+                        let next_origin = next_origin.clone().unwrap_or_default();
                         thread::spawn(move || {
-                            let _ = serve(client, &upstream, &storage, &guard, &front);
+                            let _ =
+                                serve(client, &upstream, &storage, &guard, &front, &next_origin);
                         });
                     }
                     Err(_) => thread::sleep(Duration::from_millis(10)),
@@ -119,6 +131,7 @@ fn serve(
     storage: &Path,
     guard: &Guard,
     front: &str,
+    next_origin: &str,
 ) -> std::io::Result<()> {
     client.set_nonblocking(false)?;
     let mut head = Vec::new();
@@ -217,7 +230,7 @@ fn serve(
             .collect();
         let link = match page.get(1) {
             Some(_) => format!(
-                "Link: </v2/{name}/referrers/{digest}?last={}>; rel=\"next\"\r\n",
+                "Link: <{next_origin}/v2/{name}/referrers/{digest}?last={}>; rel=\"next\"\r\n",
                 page[0]["digest"].as_str().unwrap_or_default()
             ),
             None => String::new(),
