@@ -159,6 +159,30 @@ mod tests {
         assert_eq!(sources(image), expected);
     }
 
+    /// k8s-image-swapper's default layout, `defaultMirror` at a registry's root: the first path
+    /// component is the source host; a repository of the registry's own, with no host there,
+    /// inverts to nothing.
+    #[rstest]
+    #[case::docker_hub("docker.io/library/nginx:1.27", &["docker.io/library/nginx:1.27"])]
+    #[case::another_host("quay.io/org/app:2", &["quay.io/org/app:2"])]
+    #[case::the_registry_s_own("team/app:1", &[])]
+    fn a_default_mirror_at_a_registry_root_inverts_to_the_source_host(
+        #[case] path: &str,
+        #[case] expected: &[&str],
+    ) {
+        const ROOT: &str = "123456789012.dkr.ecr.eu-west-1.amazonaws.com";
+        let policy = policy_from(&format!(r#"{{"defaultMirror":{{"registry":"{ROOT}"}}}}"#));
+        let image = Reference::parse(&format!("{ROOT}/{path}")).expect("valid reference");
+        let sources: Vec<String> = policy
+            .router
+            .sources_of(&image)
+            .iter()
+            .filter(|source| source.forward)
+            .map(|source| source.reference.to_string())
+            .collect();
+        assert_eq!(sources, expected);
+    }
+
     #[test]
     fn the_docker_hub_short_forms_are_spellings_of_a_source() {
         let policy = policy_from(SETTINGS);

@@ -138,18 +138,27 @@ fn a_tag_only_mirror_image_the_mirror_lacks_is_reported() {
 /// A Pod k8s-image-swapper swapped (`<registry>/<source host>/<path>`, no record), running a tag
 /// whose digest ECR's lifecycle expired: the check role, under `defaultMirror`'s layout, names
 /// its source and the copy of the digest the container runs (its status' `imageID`) to the tag
-/// it names.
-#[test]
-fn a_pod_k8s_image_swapper_swapped_is_reported_with_the_copy_of_what_it_runs() {
-    let mirror = TestRegistry::start("audit-adopted").expect("registry");
-    let repository = format!("{}/cache/docker.io/library/nginx", mirror.host);
-    let running = Image::new("nginx 1.27", "linux/amd64").push(
-        &mirror,
-        "cache/docker.io/library/nginx",
-        Some("1.27"),
-    );
+/// it names. Under a prefix (its `prefix` option) and at the registry's root (its default: the
+/// source host is the repository's first path component).
+#[rstest::rstest]
+#[case::under_a_prefix("audit-adopted", Some("cache"))]
+#[case::at_the_registry_root("audit-adopted-root", None)]
+fn a_pod_k8s_image_swapper_swapped_is_reported_with_the_copy_of_what_it_runs(
+    #[case] name: &str,
+    #[case] prefix: Option<&str>,
+) {
+    let mirror = TestRegistry::start(name).expect("registry");
+    let (registry, path) = match prefix {
+        Some(prefix) => (
+            format!("{}/{prefix}", mirror.host),
+            format!("{prefix}/docker.io/library/nginx"),
+        ),
+        None => (mirror.host.clone(), "docker.io/library/nginx".to_string()),
+    };
+    let repository = format!("{}/{path}", mirror.host);
+    let running = Image::new("nginx 1.27", "linux/amd64").push(&mirror, &path, Some("1.27"));
     mirror
-        .delete_manifest("cache/docker.io/library/nginx", &running)
+        .delete_manifest(&path, &running)
         .expect("the lifecycle rule expires it");
     let image = format!("{repository}:1.27");
     let mut request = audit_request(3, web(&image), json!({}));
@@ -158,7 +167,7 @@ fn a_pod_k8s_image_swapper_swapped_is_reported_with_the_copy_of_what_it_runs() {
     ]);
     let settings = json!({
         "action": "check",
-        "defaultMirror": {"registry": format!("{}/cache", mirror.host)},
+        "defaultMirror": {"registry": registry},
     });
     let (response, lookups) = run(&settings, &request);
     assert!(

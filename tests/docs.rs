@@ -1164,20 +1164,14 @@ fn overlay_mirror(overlay: &str) -> (String, String, String) {
     )
 }
 
-/// The IAM policies the docs give for ECR (`deploy/eks-ecr/aws/*.json`) allow what each role
-/// does, and no more than the mirror's repositories: `ecr:GetAuthorizationToken` on `*` (it has
-/// no resource), everything else on the repositories under the mirror's prefix (the
-/// pull-through cache's: its rule's prefix). The fill controller's are read from the flags the
-/// overlay runs it with (each flag's ECR API calls: fill-mirror's `--ecr-registry` asks for the
-/// push token, `--ecr-create-repositories` describes and creates a repository) and the `aws ecr`
-/// calls of the lifecycle CronJob, plus what skopeo's copy needs from ECR's registry API (a pull
-/// of the source's layers it checks, a push).
-#[test]
-fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
-    let (account, region, prefix) = eks_mirror();
-    let cache_prefix = overlay_mirror("eks-ecr-pull-through").2;
-    let repositories =
-        |prefix: &str| format!("arn:aws:ecr:{region}:{account}:repository/{prefix}/*");
+/// What each role of the EKS overlays does, as IAM actions: the fill controller's, read from the
+/// flags the overlay runs it with (fill-mirror's `--ecr-registry` asks for the push token,
+/// `--ecr-create-repositories` describes and creates a repository) and the `aws ecr` calls of the
+/// lifecycle CronJob, plus what skopeo's copy needs from ECR's registry API (a pull of the
+/// source's layers it checks, a push); the lookups' (the token and a pull); the pull-through
+/// cache's (a pull that fills it). (fill job, reader, cache.)
+fn what_the_roles_do() -> [BTreeSet<&'static str>; 3] {
+    let (account, region, _) = eks_mirror();
     // The `aws ecr` subcommands a role's code calls, and the IAM action each needs.
     let action_of = |subcommand: &str| -> &'static str {
         match subcommand {
@@ -1273,54 +1267,212 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
         .collect();
     let mut cache = reader.clone();
     cache.extend(["ecr:BatchImportUpstreamImage", "ecr:CreateRepository"]);
+    [fill_job, reader, cache]
+}
+
+/// Whether an IAM resource pattern matches `arn`: `*` any run of characters (`/` included), `?`
+/// one, as IAM matches an ARN.
+fn arn_matches(pattern: &str, arn: &str) -> bool {
+    match pattern.chars().next() {
+        None => arn.is_empty(),
+        Some('*') => {
+            let rest = &pattern[1..];
+            (0..=arn.len())
+                .filter(|at| arn.is_char_boundary(*at))
+                .any(|at| arn_matches(rest, &arn[at..]))
+        }
+        Some(wanted) => arn.chars().next().is_some_and(|c| {
+            (wanted == '?' || c == wanted)
+                && arn_matches(&pattern[wanted.len_utf8()..], &arn[c.len_utf8()..])
+        }),
+    }
+}
+
+/// `policy` (the document `file`) allows each action of `needs` on exactly what it needs, and
+/// no more: `ecr:GetAuthorizationToken` on `*` (it has no resource), `ecr:DescribeRepositories`
+/// on every repository of the registry (listing names them all), everything else on the
+/// repositories `mirror` (ARN patterns) names; no action it does not need, no wildcard action.
+fn holds_to_least_privilege(
+    file: &str,
+    policy: &serde_json::Value,
+    needs: &BTreeSet<&str>,
+    mirror: &[String],
+) {
+    let (account, region, _) = eks_mirror();
+    assert_eq!(policy["Version"], "2012-10-17", "{file}");
+    for action in needs.iter() {
+        let mut on = allowed_on(policy, action);
+        on.sort();
+        let mut wanted = match *action {
+            "ecr:GetAuthorizationToken" => vec!["*".to_string()],
+            "ecr:DescribeRepositories" => {
+                vec![format!("arn:aws:ecr:{region}:{account}:repository/*")]
+            }
+            _ => mirror.to_vec(),
+        };
+        wanted.sort();
+        assert_eq!(on, wanted, "{file}: {action} is allowed on {on:?}");
+    }
+    // Least privilege: nothing the role does not need, on nothing but what it needs.
+    for statement in policy["Statement"].as_array().expect("Statement") {
+        let actions: Vec<String> = match &statement["Action"] {
+            serde_json::Value::String(s) => vec![s.clone()],
+            other => serde_json::from_value(other.clone()).expect("Action list"),
+        };
+        for action in &actions {
+            assert!(
+                needs.contains(action.as_str()),
+                "{file}: {action} is allowed but not needed"
+            );
+            assert!(!action.contains('*'), "{file}: wildcard action {action}");
+        }
+        let resources: Vec<String> = match &statement["Resource"] {
+            serde_json::Value::String(s) => vec![s.clone()],
+            other => serde_json::from_value(other.clone()).expect("Resource list"),
+        };
+        if resources.iter().any(|r| r == "*") {
+            assert_eq!(
+                actions,
+                ["ecr:GetAuthorizationToken"],
+                "{file}: only the token has no resource"
+            );
+        }
+    }
+}
+
+/// The IAM policies the docs give for ECR (`deploy/eks-ecr/aws/*.json`) allow what each role
+/// does (`what_the_roles_do`), and no more than the mirror's repositories: everything but the
+/// token and the listing on the repositories under the mirror's prefix (the pull-through
+/// cache's: its rule's prefix).
+#[test]
+fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
+    let (account, region, prefix) = eks_mirror();
+    let cache_prefix = overlay_mirror("eks-ecr-pull-through").2;
+    let repositories = |prefix: &str| {
+        vec![format!(
+            "arn:aws:ecr:{region}:{account}:repository/{prefix}/*"
+        )]
+    };
+    let [fill_job, reader, cache] = what_the_roles_do();
     for (file, needs, under) in [
         ("fill-job.json", &fill_job, prefix.as_str()),
         ("policy-server-reader.json", &reader, prefix.as_str()),
         ("pull-through-cache.json", &cache, cache_prefix.as_str()),
     ] {
-        let policy = iam_policy(file);
-        assert_eq!(policy["Version"], "2012-10-17", "{file}");
-        for action in needs.iter() {
-            let on = allowed_on(&policy, action);
-            let wanted = match *action {
-                "ecr:GetAuthorizationToken" => "*".to_string(),
-                // Listing names every repository's ARN: the list call is authorised on them all.
-                "ecr:DescribeRepositories" => {
-                    format!("arn:aws:ecr:{region}:{account}:repository/*")
+        holds_to_least_privilege(file, &iam_policy(file), needs, &repositories(under));
+    }
+}
+
+/// A mirror at the registry's root (k8s-image-swapper's default layout: the source host is the
+/// first path component, `docker.io/library/nginx`): `render.sh` takes it with the overlay's
+/// `sourceHosts` and renders, for each role, what it does on the repositories of those hosts
+/// (IAM's own matching: every repository `defaultMirror` makes of their images, none of another
+/// host, none of the account's other repositories, none of a prefixed layout), and no more. It
+/// refuses a root mirror without `sourceHosts`, a host with a port (no repository can be named
+/// by it), and a pull-through overlay at the root (its cache rule has a prefix).
+#[test]
+fn a_mirror_at_the_registry_root_renders_the_repositories_of_its_source_hosts() {
+    let (account, region, _) = eks_mirror();
+    let host = format!("{account}.dkr.ecr.{region}.amazonaws.com");
+    let scratch = std::env::temp_dir().join(format!("image-swapper-root-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let render = |overlay: &str, sources: Option<&str>| -> std::process::Output {
+        let dir = scratch.join("overlay");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let original = read(
+            &rig::root()
+                .join("deploy")
+                .join(overlay)
+                .join("kustomization.yaml"),
+        );
+        let mut kustomization = String::new();
+        for line in original.lines() {
+            if line.trim_start().starts_with("- sourceHosts=") {
+                continue;
+            }
+            let indent = &line[..line.len() - line.trim_start().len()];
+            if line.trim_start().starts_with("- mirror=") {
+                kustomization.push_str(&format!("{indent}- mirror={host}   # at the root\n"));
+                if let Some(sources) = sources {
+                    kustomization.push_str(&format!("{indent}- sourceHosts={sources}\n"));
                 }
-                _ => repositories(under),
-            };
-            assert!(
-                on.contains(&wanted),
-                "{file}: {action} is not allowed on {wanted} (only on {on:?})"
-            );
+            } else {
+                kustomization.push_str(line);
+                kustomization.push('\n');
+            }
         }
-        // Least privilege: nothing the role does not need, on nothing but what it needs.
-        for statement in policy["Statement"].as_array().expect("Statement") {
-            let actions: Vec<String> = match &statement["Action"] {
-                serde_json::Value::String(s) => vec![s.clone()],
-                other => serde_json::from_value(other.clone()).expect("Action list"),
-            };
-            for action in &actions {
-                assert!(
-                    needs.contains(action.as_str()),
-                    "{file}: {action} is allowed but not needed"
-                );
-                assert!(!action.contains('*'), "{file}: wildcard action {action}");
-            }
-            let resources: Vec<String> = match &statement["Resource"] {
-                serde_json::Value::String(s) => vec![s.clone()],
-                other => serde_json::from_value(other.clone()).expect("Resource list"),
-            };
-            if resources.iter().any(|r| r == "*") {
-                assert_eq!(
-                    actions,
-                    ["ecr:GetAuthorizationToken"],
-                    "{file}: only the token has no resource"
-                );
-            }
+        std::fs::write(dir.join("kustomization.yaml"), kustomization).expect("kustomization");
+        std::fs::copy(
+            rig::root()
+                .join("deploy")
+                .join(overlay)
+                .join("settings.yaml"),
+            dir.join("settings.yaml"),
+        )
+        .expect("settings");
+        Command::new("bash")
+            .arg(rig::root().join("deploy/eks-ecr/aws/render.sh"))
+            .arg(&dir)
+            .arg("0123ABCD")
+            .arg(scratch.join("out"))
+            .output()
+            .expect("bash with jq")
+    };
+    let rendered = render("eks-ecr", Some("docker.io,quay.io"));
+    assert!(rendered.status.success(), "{rendered:?}");
+    let [fill_job, reader, _] = what_the_roles_do();
+    let arn = |repository: &str| format!("arn:aws:ecr:{region}:{account}:repository/{repository}");
+    for (file, needs) in [
+        ("fill-job.json", &fill_job),
+        ("policy-server-reader.json", &reader),
+    ] {
+        let policy = rig::read_json(&scratch.join("out").join(file));
+        holds_to_least_privilege(
+            file,
+            &policy,
+            needs,
+            &[arn("docker.io/*"), arn("quay.io/*")],
+        );
+        let allowed = |repository: &str| {
+            allowed_on(&policy, "ecr:BatchGetImage")
+                .iter()
+                .any(|pattern| arn_matches(pattern, &arn(repository)))
+        };
+        for mirrored in [
+            "docker.io/library/nginx",
+            "quay.io/org/app",
+            "docker.io/a/b/c",
+        ] {
+            assert!(allowed(mirrored), "{file}: {mirrored} is not allowed");
+        }
+        for other in [
+            "ghcr.io/org/app",
+            "team/app",
+            "docker.io",
+            "docker.io-lookalike/app",
+            "cache/docker.io/library/nginx",
+        ] {
+            assert!(!allowed(other), "{file}: {other} is allowed");
         }
     }
+    for (overlay, sources, says) in [
+        ("eks-ecr", None, "needs sourceHosts="),
+        ("eks-ecr", Some("docker.io,localhost:5000"), "no port"),
+        (
+            "eks-ecr-pull-through",
+            Some("docker.io"),
+            "its rule's prefix",
+        ),
+    ] {
+        let refused = render(overlay, sources);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            refused.status.code() == Some(2) && stderr.contains(says),
+            "{overlay} {sources:?}: {refused:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 /// The IAM documents of `deploy/eks-ecr/aws/` are what `render.sh` makes of the overlays' one
@@ -1636,8 +1788,11 @@ fn ecr_wildcards_are_matched_as_ecr_reads_them() {
 /// it (a line of `components:`), rendered: a kustomization in a scratch folder naming both by
 /// relative paths (kustomize refuses absolute ones).
 fn rendered_with_component(overlay: &str, component: &str) -> Vec<serde_json::Value> {
+    // One folder per call: tests calling this at once must not remove each other's.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!(
-        "image-swapper-component-{}-{component}",
+        "image-swapper-component-{}-{component}-{call}",
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).expect("scratch folder");
@@ -1669,9 +1824,11 @@ fn rendered_with_component(overlay: &str, component: &str) -> Vec<serde_json::Va
 
 /// The lifecycle CronJob of the overlay's fallback component (without-creation-template), its
 /// script run against moto's ECR (whose PutLifecyclePolicy
-/// validates the policy as ECR's grammar has it): every repository under the mirror's prefix
-/// without a lifecycle policy gets `deploy/eks-ecr/aws/lifecycle-policy.json`, one with its own
-/// keeps it, one outside the prefix is left alone, and a second run changes nothing.
+/// validates the policy as ECR's grammar has it), for the overlay's mirror under a prefix and for
+/// a mirror at the registry's root (k8s-image-swapper's default layout, the repositories under
+/// the overlay's `sourceHosts`): every repository of the mirror without a lifecycle policy gets
+/// `deploy/eks-ecr/aws/lifecycle-policy.json`, one with its own keeps it, one outside the
+/// mirror is left alone, and a second run changes nothing.
 #[test]
 fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
     let eks = rendered_with_component("eks-ecr", "without-creation-template");
@@ -1702,61 +1859,106 @@ fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
         .map(|d| d["data"]["lifecycle-policy.json"].clone())
         .expect("the lifecycle ConfigMap");
     assert_eq!(data.as_str(), Some(policy_file.as_str()));
-    let (_, region, prefix) = eks_mirror();
-    assert_eq!((env("AWS_REGION"), env("PREFIX")), (region, prefix.clone()));
+    let (account, region, prefix) = eks_mirror();
+    let host = format!("{account}.dkr.ecr.{region}.amazonaws.com");
+    assert_eq!(
+        (env("AWS_REGION"), env("MIRROR"), env("SOURCE_HOSTS")),
+        (
+            region,
+            format!("{host}/{prefix}"),
+            "docker.io,quay.io,ghcr.io".to_string()
+        )
+    );
     let dir = std::env::temp_dir().join(format!("image-swapper-lifecycle-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     std::fs::write(dir.join("lifecycle-policy.json"), &policy_file).expect("write");
     let script = script.replace("file:///policy/", &format!("file://{}/", dir.display()));
-    let moto = rig::ecr::Moto::start().expect("moto");
     let own = r#"{"rules":[{"rulePriority":1,"selection":{"tagStatus":"any","countType":"imageCountMoreThan","countNumber":5},"action":{"type":"expire"}}]}"#;
-    let new = format!("{prefix}/docker.io/library/nginx");
-    let kept = format!("{prefix}/docker.io/library/redis");
-    for name in [new.as_str(), kept.as_str(), "other/app"] {
+    // (mirror, its repositories without a policy, one with its own, others of the account)
+    let under_the_prefix = format!("{prefix}/docker.io/library/nginx");
+    let layouts = [
+        (
+            env("MIRROR"),
+            vec![under_the_prefix.clone()],
+            format!("{prefix}/docker.io/library/redis"),
+            vec![
+                "other/app".to_string(),
+                "docker.io/library/nginx".to_string(),
+            ],
+        ),
+        (
+            host.clone(),
+            vec![
+                "docker.io/library/nginx".to_string(),
+                "ghcr.io/org/app".to_string(),
+            ],
+            "quay.io/org/app".to_string(),
+            vec![
+                "other/app".to_string(),
+                "gcr.io/org/app".to_string(),
+                under_the_prefix,
+            ],
+        ),
+    ];
+    for (mirror, new, kept, others) in layouts {
+        let moto = rig::ecr::Moto::start().expect("moto");
+        for name in new.iter().chain([&kept]).chain(&others) {
+            moto.ecr(
+                "CreateRepository",
+                &serde_json::json!({"repositoryName": name}),
+            )
+            .expect("CreateRepository");
+        }
         moto.ecr(
-            "CreateRepository",
-            &serde_json::json!({"repositoryName": name}),
+            "PutLifecyclePolicy",
+            &serde_json::json!({"repositoryName": kept, "lifecyclePolicyText": own}),
         )
-        .expect("CreateRepository");
+        .expect("PutLifecyclePolicy");
+        let run = || {
+            let output = Command::new("bash")
+                .args(["-c", &script])
+                .envs(moto.environment())
+                .env("AWS_DEFAULT_REGION", env("AWS_REGION"))
+                .env("MIRROR", &mirror)
+                .env("SOURCE_HOSTS", env("SOURCE_HOSTS"))
+                .output()
+                .expect("bash");
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8_lossy(&output.stdout).to_string()
+        };
+        let first = run();
+        let second = run();
+        let lifecycle = |name: &str| {
+            moto.ecr(
+                "GetLifecyclePolicy",
+                &serde_json::json!({"repositoryName": name}),
+            )
+            .ok()
+            .and_then(|a| a["lifecyclePolicyText"].as_str().map(str::to_string))
+        };
+        let parsed = |text: Option<String>| {
+            text.map(|t| serde_json::from_str::<serde_json::Value>(&t).expect("JSON"))
+        };
+        let mut set: Vec<&str> = first
+            .lines()
+            .filter_map(|line| line.strip_prefix("lifecycle policy set on "))
+            .collect();
+        set.sort();
+        assert_eq!(set, new, "{mirror}: {first}");
+        assert_eq!(second.trim(), "", "{mirror}: a second run changes nothing");
+        for name in &new {
+            assert_eq!(
+                parsed(lifecycle(name)),
+                Some(serde_json::from_str(&policy_file).expect("the policy file is JSON")),
+                "{mirror}: {name}"
+            );
+        }
+        assert_eq!(parsed(lifecycle(&kept)), parsed(Some(own.to_string())));
+        for name in &others {
+            assert_eq!(lifecycle(name), None, "{mirror}: {name}");
+        }
     }
-    moto.ecr(
-        "PutLifecyclePolicy",
-        &serde_json::json!({"repositoryName": kept, "lifecyclePolicyText": own}),
-    )
-    .expect("PutLifecyclePolicy");
-    let run = || {
-        let output = Command::new("bash")
-            .args(["-c", &script])
-            .envs(moto.environment())
-            .env("AWS_DEFAULT_REGION", env("AWS_REGION"))
-            .env("PREFIX", env("PREFIX"))
-            .output()
-            .expect("bash");
-        assert!(output.status.success(), "{output:?}");
-        String::from_utf8_lossy(&output.stdout).to_string()
-    };
-    let first = run();
-    let second = run();
-    let lifecycle = |name: &str| {
-        moto.ecr(
-            "GetLifecyclePolicy",
-            &serde_json::json!({"repositoryName": name}),
-        )
-        .ok()
-        .and_then(|a| a["lifecyclePolicyText"].as_str().map(str::to_string))
-    };
-    let parsed = |text: Option<String>| {
-        text.map(|t| serde_json::from_str::<serde_json::Value>(&t).expect("JSON"))
-    };
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(first.trim(), format!("lifecycle policy set on {new}"));
-    assert_eq!(second.trim(), "", "a second run changes nothing");
-    assert_eq!(
-        parsed(lifecycle(&new)),
-        Some(serde_json::from_str(&policy_file).expect("the policy file is JSON"))
-    );
-    assert_eq!(parsed(lifecycle(&kept)), parsed(Some(own.to_string())));
-    assert_eq!(lifecycle("other/app"), None);
 }
 
 /// The roles install-eks.md creates for deploy/eks-ecr are the ones its ServiceAccounts name: each

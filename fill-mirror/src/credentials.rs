@@ -43,8 +43,15 @@ pub struct AccessArgs {
     /// fallback where no ECR repository creation template with CREATE_ON_PUSH applies).
     #[arg(long)]
     pub ecr_create_repositories: bool,
-    /// The tag mutability of the repositories --ecr-create-repositories creates.
-    #[arg(long, default_value = "IMMUTABLE", value_parser = ["IMMUTABLE", "MUTABLE"])]
+    /// The tag mutability of the repositories --ecr-create-repositories creates:
+    /// IMMUTABLE_WITH_EXCLUSION, every tag immutable but cosign's signature tags (sha256-*),
+    /// which follow their source (a re-signed image's signature is copied over); IMMUTABLE
+    /// refuses that copy; MUTABLE.
+    #[arg(
+        long,
+        default_value = "IMMUTABLE_WITH_EXCLUSION",
+        value_parser = ["IMMUTABLE_WITH_EXCLUSION", "IMMUTABLE", "MUTABLE"]
+    )]
     pub ecr_image_tag_mutability: String,
     /// An Artifact Registry host (e.g. europe-docker.pkg.dev) whose access token the binary
     /// gets from the GKE metadata server (Workload Identity). Repeatable.

@@ -120,7 +120,8 @@ fn recording_skopeo(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// Without a token skopeo is refused; with `--ecr-registry` the binary's own token reaches it
 /// (ECR then says the repository does not exist); with `--ecr-create-repositories` the
-/// repository is made, IMMUTABLE with scan on push, and the image copied into it.
+/// repository is made, IMMUTABLE_WITH_EXCLUSION (the signature tags excluded) with scan on
+/// push, and the image copied into it.
 #[test]
 fn on_ecr_a_missing_repository_is_created_then_copied_with_the_binary_s_own_token() {
     let source = TestRegistry::start("cred-ecr-src").expect("source registry");
@@ -186,7 +187,12 @@ fn on_ecr_a_missing_repository_is_created_then_copied_with_the_binary_s_own_toke
     let repository = moto.repository("cache/team/app").expect("created");
     assert_eq!(
         repository["imageTagMutability"],
-        json!("IMMUTABLE"),
+        json!("IMMUTABLE_WITH_EXCLUSION"),
+        "{repository}"
+    );
+    assert_eq!(
+        repository["imageTagMutabilityExclusionFilters"],
+        json!([{"filterType": "WILDCARD", "filter": "sha256-*"}]),
         "{repository}"
     );
     assert_eq!(

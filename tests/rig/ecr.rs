@@ -5,7 +5,14 @@
 //!   password moto issues for the account: `<account>-auth-token`), else 401;
 //! - a repository ECR does not know (moto's `DescribeRepositories`) answers every request, a
 //!   push included, with ECR's `NAME_UNKNOWN` ("The repository with name '…' does not exist in
-//!   the registry with id '…'"), until `CreateRepository` has made it.
+//!   the registry with id '…'"), until `CreateRepository` has made it;
+//! - a manifest PUT that would move a tag the repository keeps immutable (its
+//!   `imageTagMutability` IMMUTABLE, or IMMUTABLE_WITH_EXCLUSION and none of its wildcard
+//!   `imageTagMutabilityExclusionFilters` matching the tag; MUTABLE_WITH_EXCLUSION and one
+//!   matching) is refused with ECR's `TAG_INVALID` ("The image tag '…' already exists in the '…'
+//!   repository and cannot be overwritten because the tag is immutable.", the text kaniko's
+//!   osscontainertools/kaniko#204 quotes from ECR in 2025), status 400 as distribution gives that
+//!   code. A PUT of the digest the tag already names is accepted.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -227,20 +234,38 @@ impl Front {
             return;
         }
         let url = request.url().to_string();
-        if let Some(repository) = repository_of(&url)
-            && describe_repository(&self.moto, repository).is_none()
+        let described = match repository_of(&url) {
+            Some(repository) => match describe_repository(&self.moto, repository) {
+                Some(described) => Some(described),
+                None => {
+                    let _ = request.respond(json(
+                        404,
+                        format!(
+                            r#"{{"errors":[{{"code":"NAME_UNKNOWN","message":"The repository with name '{repository}' does not exist in the registry with id '{ACCOUNT}'"}}]}}"#
+                        ),
+                    ));
+                    return;
+                }
+            },
+            None => None,
+        };
+        let method = request.method().as_str().to_string();
+        let mut body = Vec::new();
+        let _ = std::io::Read::read_to_end(request.as_reader(), &mut body);
+        if method == "PUT"
+            && let Some(described) = &described
+            && let Some((repository, tag)) = tag_of(&url)
+            && keeps(described, tag)
+            && self.moves(repository, tag, &body)
         {
             let _ = request.respond(json(
-                404,
+                400,
                 format!(
-                    r#"{{"errors":[{{"code":"NAME_UNKNOWN","message":"The repository with name '{repository}' does not exist in the registry with id '{ACCOUNT}'"}}]}}"#
+                    r#"{{"errors":[{{"code":"TAG_INVALID","message":"The image tag '{tag}' already exists in the '{repository}' repository and cannot be overwritten because the tag is immutable."}}]}}"#
                 ),
             ));
             return;
         }
-        let method = request.method().as_str().to_string();
-        let mut body = Vec::new();
-        let _ = std::io::Read::read_to_end(request.as_reader(), &mut body);
         let mut forwarded = self
             .agent
             .request(&method, &format!("http://{}{url}", self.storage));
@@ -283,6 +308,67 @@ impl Front {
         let length = if method == "HEAD" { length } else { data.len() };
         let _ = request.respond(answer(code, headers, data, length));
     }
+}
+
+/// Every manifest type, for a HEAD that answers whatever the tag names.
+const MANIFESTS: &str = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json";
+
+impl Front {
+    /// Whether putting `manifest` under `tag` moves it: the storage holds the tag, at another
+    /// digest.
+    fn moves(&self, repository: &str, tag: &str, manifest: &[u8]) -> bool {
+        use sha2::Digest;
+        let wanted = format!("sha256:{:x}", sha2::Sha256::digest(manifest));
+        let held = self
+            .agent
+            .head(&format!(
+                "http://{}/v2/{repository}/manifests/{tag}",
+                self.storage
+            ))
+            .set("Accept", MANIFESTS)
+            .call()
+            .ok()
+            .and_then(|answer| answer.header("Docker-Content-Digest").map(str::to_string));
+        held.is_some_and(|held| held != wanted)
+    }
+}
+
+/// Whether ECR keeps `tag` from moving in the repository `described` (its
+/// `DescribeRepositories` entry).
+fn keeps(described: &serde_json::Value, tag: &str) -> bool {
+    let excluded = described["imageTagMutabilityExclusionFilters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|filter| filter["filterType"] == "WILDCARD")
+        .filter_map(|filter| filter["filter"].as_str())
+        .any(|filter| wildcard(filter, tag));
+    match described["imageTagMutability"].as_str() {
+        Some("IMMUTABLE") => true,
+        Some("IMMUTABLE_WITH_EXCLUSION") => !excluded,
+        Some("MUTABLE_WITH_EXCLUSION") => excluded,
+        _ => false,
+    }
+}
+
+/// An ECR wildcard filter: `*` matches any run of characters, every other character itself.
+fn wildcard(filter: &str, tag: &str) -> bool {
+    match filter.split_once('*') {
+        None => filter == tag,
+        Some((head, rest)) => {
+            tag.starts_with(head)
+                && (0..=tag.len() - head.len())
+                    .filter(|at| tag.is_char_boundary(head.len() + at))
+                    .any(|at| wildcard(rest, &tag[head.len() + at..]))
+        }
+    }
+}
+
+/// The repository and tag a manifest path names by tag (`/v2/<repository>/manifests/<tag>`);
+/// None for a digest.
+fn tag_of(path: &str) -> Option<(&str, &str)> {
+    let (repository, reference) = path.strip_prefix("/v2/")?.rsplit_once("/manifests/")?;
+    (!reference.contains(':')).then_some((repository, reference))
 }
 
 /// A listener that relays plain HTTP to `inner` and closes a TLS handshake at once. skopeo

@@ -1,28 +1,52 @@
 #!/usr/bin/env bash
-# The IAM documents of an EKS overlay, from the one value it names: its mirror
-# (ACCOUNT.dkr.ecr.REGION.amazonaws.com/PREFIX, the `mirror=` of its kustomization.yaml), and the
-# cluster's OIDC provider id for the IRSA trust policies (the last part of `aws eks
-# describe-cluster --query cluster.identity.oidc.issuer`). Writes into OUT (default: this
-# folder) the two roles' trust policies and, for deploy/eks-ecr, fill-job.json and
-# policy-server-reader.json; for a pull-through overlay (a rule marked pullThrough),
-# pull-through-cache.json, both roles' policy. The files beside this script are its output for
-# the overlays' example values (tests/docs.rs holds them to it).
+# The IAM documents of an EKS overlay, from the values of its kustomization.yaml: its mirror
+# (`mirror=`: ACCOUNT.dkr.ecr.REGION.amazonaws.com/PREFIX, or ACCOUNT.dkr.ecr.REGION.amazonaws.com
+# alone for k8s-image-swapper's default layout, each source host the first path component of its
+# repositories: docker.io/library/nginx) and, for a mirror at the registry's root only,
+# `sourceHosts=` (the source registries it holds, comma-separated); and the cluster's OIDC
+# provider id for the IRSA trust policies (the last part of `aws eks describe-cluster --query
+# cluster.identity.oidc.issuer`). Writes into OUT (default: this folder) the two roles' trust
+# policies and, for deploy/eks-ecr, fill-job.json and policy-server-reader.json; for a
+# pull-through overlay (a rule marked pullThrough), pull-through-cache.json, both roles' policy.
+# The files beside this script are its output for the overlays' example values (tests/docs.rs
+# holds them to it). Needs bash and jq.
+# The repositories the roles may use are the mirror's and no others: under a prefix,
+# `repository/PREFIX/*`; at the registry's root, `repository/HOST/*` for each of `sourceHosts`.
+# Not `repository/*` (k8s-image-swapper's documented example): that lets the fill controller
+# push over every repository of the account, the mirror's or not; nor `repository/*.*/*`, which
+# is no narrower (an ARN's `*` spans `/`). An image of a host not listed is still routed by
+# defaultMirror: its lookups are refused (the Pod keeps its source image, with onLookupError's
+# warning) and its copies fail (fill-mirror's failed count); add the host and render again.
 #   usage: deploy/eks-ecr/aws/render.sh OVERLAY OIDC_ID [OUT]
 set -euo pipefail
 (($# == 2 || $# == 3)) || { echo "usage: $0 OVERLAY OIDC_ID [OUT]" >&2; exit 2; }
 overlay=$1 oidc=$2 out=${3:-$(dirname "$0")}
-mirror=$(sed -n 's/^ *- mirror=\([^ ]*\).*/\1/p' "$overlay/kustomization.yaml")
-pattern='^([0-9]{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com/([a-z0-9._-]+)$'
+value() { sed -n "s/^ *- $1=\([^ ]*\).*/\1/p" "$overlay/kustomization.yaml"; }
+mirror=$(value mirror)
+pattern='^([0-9]{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(/([a-z0-9._-]+))?$'
 [[ $mirror =~ $pattern ]] || {
-  echo "$overlay/kustomization.yaml: mirror=$mirror is not ACCOUNT.dkr.ecr.REGION.amazonaws.com/PREFIX" >&2
+  echo "$overlay/kustomization.yaml: mirror=$mirror is not ACCOUNT.dkr.ecr.REGION.amazonaws.com[/PREFIX]" >&2
   exit 2
 }
-account=${BASH_REMATCH[1]} region=${BASH_REMATCH[2]} prefix=${BASH_REMATCH[3]}
+account=${BASH_REMATCH[1]} region=${BASH_REMATCH[2]} prefixes=${BASH_REMATCH[4]}
+pull_through=$(grep -c pullThrough "$overlay/settings.yaml" || true)
+if [[ -z $prefixes ]]; then
+  ((pull_through == 0)) || { echo "$overlay: a pull-through cache's mirror is ACCOUNT.dkr.ecr.REGION.amazonaws.com/PREFIX, its rule's prefix" >&2; exit 2; }
+  # An ECR repository name's first component that is a registry host: no port, lower case.
+  host='[a-z0-9]+([._-][a-z0-9]+)*\.[a-z0-9]+([._-][a-z0-9]+)*'
+  [[ $(value sourceHosts) =~ ^$host(,$host)*$ ]] || {
+    echo "$overlay/kustomization.yaml: a mirror at the registry's root needs sourceHosts=HOST[,HOST...] (registry hosts, no port): got '$(value sourceHosts)'" >&2
+    exit 2
+  }
+  prefixes=$(value sourceHosts)
+fi
 [[ $oidc =~ ^[A-Za-z0-9]+$ ]] || { echo "OIDC_ID $oidc: the id at the end of the cluster's issuer URL" >&2; exit 2; }
 mkdir -p "$out"
-render() { jq -n --arg account "$account" --arg region "$region" --arg prefix "$prefix" \
+render() { jq -n --arg account "$account" --arg region "$region" --arg prefixes "$prefixes" \
   --arg issuer "oidc.eks.$region.amazonaws.com/id/$oidc" "$1" > "$out/$2"; }
-repositories='"arn:aws:ecr:\($region):\($account):repository/\($prefix)/*"'
+# One ARN (a string) for one prefix, a list for several.
+repositories='($prefixes | split(",") | map("arn:aws:ecr:\($region):\($account):repository/\(.)/*")
+  | if length == 1 then .[0] else . end)'
 token='{Sid: "TokenForTheLookups", Effect: "Allow", Action: "ecr:GetAuthorizationToken", Resource: "*"}'
 for account_name in mirror-credentials fill-mirror; do
   render "{Version: \"2012-10-17\", Statement: [{Effect: \"Allow\",
@@ -31,7 +55,7 @@ for account_name in mirror-credentials fill-mirror; do
     Condition: {StringEquals: {\"\(\$issuer):sub\": \"system:serviceaccount:kubewarden:$account_name\",
       \"\(\$issuer):aud\": \"sts.amazonaws.com\"}}}]}" "irsa-trust-$account_name.json"
 done
-if grep -q pullThrough "$overlay/settings.yaml"; then
+if ((pull_through > 0)); then
   render "{Version: \"2012-10-17\", Statement: [$token, {Sid: \"LookUpAndFillTheCache\", Effect: \"Allow\",
     Action: [\"ecr:BatchGetImage\", \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchImportUpstreamImage\", \"ecr:CreateRepository\"],
     Resource: $repositories}]}" pull-through-cache.json

@@ -1,10 +1,14 @@
 //! ECR: the push token from the binary's own AWS identity, and with
-//! `--ecr-create-repositories` the repository made before a copy.
+//! `--ecr-create-repositories` the repository made before a copy (its tags immutable but the
+//! signature tags, which follow their source).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_ecr::error::DisplayErrorContext;
+use aws_sdk_ecr::types::{
+    ImageTagMutability, ImageTagMutabilityExclusionFilter, ImageTagMutabilityExclusionFilterType,
+};
 use base64::Engine;
 use image_swapper_policy::reference::Reference;
 
@@ -13,6 +17,33 @@ use super::{Access, Token, refresh_at};
 
 /// How long a token whose answer gave no expiry is taken to last (ECR's documented 12 hours).
 const ECR_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+
+/// The tags exempt from immutability in an `IMMUTABLE_WITH_EXCLUSION` repository (an ECR
+/// wildcard filter): cosign's `sha256-<hex>.sig`, `.att` and `.sbom`, which follow their source
+/// (attached.rs), so that a re-signed image's new signature is copied over. The image tags the
+/// binary writes it never moves, and they stay immutable.
+pub const SIGNATURE_TAGS: &str = "sha256-*";
+
+/// A repository's tag mutability and its exclusion filters, as CreateRepository takes them.
+type Mutability = (
+    ImageTagMutability,
+    Option<Vec<ImageTagMutabilityExclusionFilter>>,
+);
+
+/// The tag mutability `--ecr-create-repositories` gives, and its exclusion filters: the
+/// signature tags for `IMMUTABLE_WITH_EXCLUSION`, none otherwise.
+fn mutability_of(mutability: &str) -> Result<Mutability, String> {
+    let mutability = ImageTagMutability::from(mutability);
+    if mutability != ImageTagMutability::ImmutableWithExclusion {
+        return Ok((mutability, None));
+    }
+    let signatures = ImageTagMutabilityExclusionFilter::builder()
+        .filter_type(ImageTagMutabilityExclusionFilterType::Wildcard)
+        .filter(SIGNATURE_TAGS)
+        .build()
+        .map_err(|error| format!("the exclusion filter {SIGNATURE_TAGS:?}: {error}"))?;
+    Ok((mutability, Some(vec![signatures])))
+}
 
 /// The account and region of an ECR registry host
 /// (`<account>.dkr.ecr[-fips].<region>.amazonaws.com[.cn]`); None for any other host.
@@ -80,12 +111,16 @@ impl Access {
                     .as_service_error()
                     .is_some_and(|e| e.is_repository_not_found_exception()) =>
             {
+                let (mutability, exclusions) = mutability_of(mutability).map_err(|error| {
+                    format!("--ecr-create-repositories: the repository {name}: {error}")
+                })?;
                 let created = ecr
                     .client
                     .create_repository()
                     .set_registry_id(ecr.registry_id.clone())
                     .repository_name(&name)
-                    .image_tag_mutability(aws_sdk_ecr::types::ImageTagMutability::from(mutability))
+                    .image_tag_mutability(mutability)
+                    .set_image_tag_mutability_exclusion_filters(exclusions)
                     .image_scanning_configuration(
                         aws_sdk_ecr::types::ImageScanningConfiguration::builder()
                             .scan_on_push(true)
@@ -205,6 +240,30 @@ pub(super) async fn ecr_token(ecr: &Ecr) -> Result<Token, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only `IMMUTABLE_WITH_EXCLUSION` carries an exclusion filter (ECR refuses one with any
+    /// other mutability), and it is the signature tags' wildcard.
+    #[rstest::rstest]
+    #[case::with_exclusion("IMMUTABLE_WITH_EXCLUSION", Some(SIGNATURE_TAGS))]
+    #[case::immutable("IMMUTABLE", None)]
+    #[case::mutable("MUTABLE", None)]
+    fn the_signature_tags_are_excluded_only_with_exclusion(
+        #[case] mutability: &str,
+        #[case] excluded: Option<&str>,
+    ) {
+        let (given, filters) = mutability_of(mutability).expect("valid");
+        assert_eq!(given.as_str(), mutability);
+        let filters: Option<Vec<(String, String)>> = filters.map(|filters| {
+            filters
+                .iter()
+                .map(|f| (f.filter_type().as_str().to_string(), f.filter().to_string()))
+                .collect()
+        });
+        assert_eq!(
+            filters,
+            excluded.map(|filter| vec![("WILDCARD".to_string(), filter.to_string())])
+        );
+    }
 
     #[rstest::rstest]
     #[case::ecr(
