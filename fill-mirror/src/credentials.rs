@@ -44,7 +44,7 @@ pub struct AccessArgs {
     #[arg(long)]
     pub ecr_create_repositories: bool,
     /// The tag mutability of the repositories --ecr-create-repositories creates:
-    /// IMMUTABLE_WITH_EXCLUSION, every tag immutable but cosign's signature tags (sha256-*),
+    /// IMMUTABLE_WITH_EXCLUSION, every tag immutable but cosign's signature tags (sha256-*.sig, .att, .sbom),
     /// which follow their source (a re-signed image's signature is copied over); IMMUTABLE
     /// refuses that copy; MUTABLE.
     #[arg(

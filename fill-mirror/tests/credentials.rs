@@ -192,7 +192,9 @@ fn on_ecr_a_missing_repository_is_created_then_copied_with_the_binary_s_own_toke
     );
     assert_eq!(
         repository["imageTagMutabilityExclusionFilters"],
-        json!([{"filterType": "WILDCARD", "filter": "sha256-*"}]),
+        json!([{"filterType": "WILDCARD", "filter": "sha256-*.sig"},
+                    {"filterType": "WILDCARD", "filter": "sha256-*.att"},
+                    {"filterType": "WILDCARD", "filter": "sha256-*.sbom"}]),
         "{repository}"
     );
     assert_eq!(

@@ -147,7 +147,9 @@ fn repositories_in_k8s_image_swapper_s_root_layout_are_created_and_filled() {
             ),
             (
                 &json!("IMMUTABLE_WITH_EXCLUSION"),
-                &json!([{"filterType": "WILDCARD", "filter": "sha256-*"}]),
+                &json!([{"filterType": "WILDCARD", "filter": "sha256-*.sig"},
+                    {"filterType": "WILDCARD", "filter": "sha256-*.att"},
+                    {"filterType": "WILDCARD", "filter": "sha256-*.sbom"}]),
                 &json!(true),
             ),
             "{made}"

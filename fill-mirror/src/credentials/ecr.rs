@@ -22,7 +22,9 @@ const ECR_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// wildcard filter): cosign's `sha256-<hex>.sig`, `.att` and `.sbom`, which follow their source
 /// (attached.rs), so that a re-signed image's new signature is copied over. The image tags the
 /// binary writes it never moves, and they stay immutable.
-pub const SIGNATURE_TAGS: &str = "sha256-*";
+/// Three filters, not `sha256-*`: a pinned digest restored under its own tag (`sha256-<hex>`)
+/// names that digest for ever, and stays immutable.
+pub const SIGNATURE_TAGS: [&str; 3] = ["sha256-*.sig", "sha256-*.att", "sha256-*.sbom"];
 
 /// A repository's tag mutability and its exclusion filters, as CreateRepository takes them.
 type Mutability = (
@@ -37,12 +39,17 @@ fn mutability_of(mutability: &str) -> Result<Mutability, String> {
     if mutability != ImageTagMutability::ImmutableWithExclusion {
         return Ok((mutability, None));
     }
-    let signatures = ImageTagMutabilityExclusionFilter::builder()
-        .filter_type(ImageTagMutabilityExclusionFilterType::Wildcard)
-        .filter(SIGNATURE_TAGS)
-        .build()
-        .map_err(|error| format!("the exclusion filter {SIGNATURE_TAGS:?}: {error}"))?;
-    Ok((mutability, Some(vec![signatures])))
+    let signatures = SIGNATURE_TAGS
+        .iter()
+        .map(|tags| {
+            ImageTagMutabilityExclusionFilter::builder()
+                .filter_type(ImageTagMutabilityExclusionFilterType::Wildcard)
+                .filter(*tags)
+                .build()
+                .map_err(|error| format!("the exclusion filter {tags:?}: {error}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((mutability, Some(signatures)))
 }
 
 /// The account and region of an ECR registry host
@@ -244,12 +251,12 @@ mod tests {
     /// Only `IMMUTABLE_WITH_EXCLUSION` carries an exclusion filter (ECR refuses one with any
     /// other mutability), and it is the signature tags' wildcard.
     #[rstest::rstest]
-    #[case::with_exclusion("IMMUTABLE_WITH_EXCLUSION", Some(SIGNATURE_TAGS))]
+    #[case::with_exclusion("IMMUTABLE_WITH_EXCLUSION", Some(SIGNATURE_TAGS.as_slice()))]
     #[case::immutable("IMMUTABLE", None)]
     #[case::mutable("MUTABLE", None)]
     fn the_signature_tags_are_excluded_only_with_exclusion(
         #[case] mutability: &str,
-        #[case] excluded: Option<&str>,
+        #[case] excluded: Option<&[&str]>,
     ) {
         let (given, filters) = mutability_of(mutability).expect("valid");
         assert_eq!(given.as_str(), mutability);
@@ -261,7 +268,10 @@ mod tests {
         });
         assert_eq!(
             filters,
-            excluded.map(|filter| vec![("WILDCARD".to_string(), filter.to_string())])
+            excluded.map(|filters| filters
+                .iter()
+                .map(|filter| ("WILDCARD".to_string(), filter.to_string()))
+                .collect())
         );
     }
 
