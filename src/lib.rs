@@ -8,6 +8,8 @@ pub mod decide;
 pub mod glob;
 pub mod host;
 pub mod inverse;
+mod object;
+pub mod plan;
 pub mod pod;
 pub mod policy;
 pub mod reference;

@@ -7,8 +7,10 @@
 pub mod check;
 mod check_signed;
 mod failure;
+pub mod images;
 mod mirror_signature;
 mod mirror_spelled;
+pub mod presence;
 mod verify_source;
 mod walk;
 

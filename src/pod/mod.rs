@@ -1,41 +1,38 @@
 //! One admission, in the order its steps run:
 //!
-//! 1. `candidates`: which containers to decide on (on update, only changed images);
+//! 1. `request`: what the request is (its operation, the audit scanner's replay, a static Pod's
+//!    mirror); `candidates`: which containers to decide on (on update, only changed images);
 //! 2. `reapply`: the running swap a re-applied manifest keeps; `decisions`: one decision per
 //!    distinct image (`crate::decide`), the first image of each registry first, each lookup
 //!    asked once (`look_once`) within the lookup budget (`crate::budget`);
 //! 3. `pull_secrets`: whether a mirror's secret can be added, and adding it;
-//! 4. `record`: the original-images annotation; `unmirrored`: the record of source images the
-//!    mirror lacks, which the fill job reads;
-//! 5. `report`: warnings, the rejection message, audit annotations.
+//! 4. `record`: the original-images annotation; `crate::plan::unmirrored`: the record of source
+//!    images the mirror lacks, which the fill job reads;
+//! 5. `report`: warnings, the rejection message, audit annotations; `outcome`: the answer.
 //!
-//! The check role (`action: check`) runs steps 1, 2 (`checks`: one lookup per mirror image,
-//! within the same budget) and 5 (`check_report`), and changes nothing. `copies` writes the
-//! copies both roles suggest, in the one form the fill job reads. The swapping role answers the audit
-//! scanner's replay of a running Pod unchanged, without a lookup.
-//!
-//! `object` reads and writes the Pod, which stays JSON.
+//! The check role (`action: check`, `check_role`) runs steps 1, 2 (`checks`: one lookup per
+//! mirror image, within the same budget) and 5 (`check_report`), and changes nothing. The copies
+//! both roles suggest are `crate::plan`'s, in the one form the fill job reads. The swapping role
+//! answers the audit scanner's replay of a running Pod unchanged, without a lookup.
 
 mod candidates;
 mod check_report;
+mod check_role;
 mod checks;
-mod copies;
 mod decisions;
-pub mod fill;
 mod look_once;
-mod object;
+mod outcome;
 mod pull_secrets;
 mod reapply;
 mod record;
 mod report;
+mod request;
 mod running;
 #[cfg(test)]
 mod signed_check_tests;
 #[cfg(test)]
 mod signed_tests;
-mod unmirrored;
 mod verifier_read;
-mod warm;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -44,145 +41,26 @@ use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
 use serde_json::Value;
 
 use crate::budget::{Budgeted, Clock};
-use crate::decide::{Note, Reason};
+use crate::decide::Reason;
 use crate::policy::{Action, Policy};
 use crate::registry::Registry;
 use crate::verifiers::Cluster;
 
-use candidates::{Candidate, EPHEMERAL_LIST, candidates};
-use checks::check;
+use crate::object::{annotation, container_mut};
+use crate::plan::unmirrored::{Requester, record_unmirrored};
+
+use candidates::changed_containers;
+use check_role::check;
 use decisions::decide_all;
-use object::{CONTAINER_LISTS, annotation, container_mut};
+pub use outcome::{Outcome, Verdict};
 use pull_secrets::{add_pull_secrets, pull_secret_names};
 pub use record::ORIGINAL_IMAGES_ANNOTATION;
 use record::{record_original_images, recorded_originals};
-use report::{audit_annotations, capped, messages};
-use unmirrored::{Requester, record_unmirrored};
-pub use unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
+use report::{audit_annotations, capped, fill_job_may_not_set_images, messages};
+pub use request::STATIC_POD_MIRROR_ANNOTATION;
+use request::{Operation, is_audit_scan};
 pub use verifier_read::VERIFIERS_UNMATCHED;
 use verifier_read::{tell_unmatched, with_verifier_rules};
-pub use warm::Warm;
-
-/// The kubelet's mark on the mirror Pod of a static Pod: the node runs the manifest file, never
-/// this API object, so changing its images would only misreport what runs.
-pub const STATIC_POD_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-/// Whether `request` is Kubewarden's audit scanner replaying a running Pod rather than the API
-/// server admitting one. The scanner (kubewarden-controller v1.31 to v1.35,
-/// `internal/audit-scanner`) sends a CREATE whose `uid` is the Pod's own `metadata.uid` and
-/// whose `userInfo` is empty; the API server always names the requester and gives each request
-/// a uid of its own, and a Pod being created has no uid yet. Nothing else marks an audit.
-fn is_audit_scan(request: &KubernetesAdmissionRequest) -> bool {
-    request.user_info.username.is_empty()
-        && !request.uid.is_empty()
-        && request
-            .object
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            == Some(request.uid.as_str())
-}
-
-/// Why a request from `fillJobUsernames` that sets images is refused, naming each container.
-fn fill_job_may_not_set_images(username: &str, candidates: &[Candidate<'_>]) -> String {
-    let containers: Vec<String> = candidates
-        .iter()
-        .map(|c| format!("{}[{}] {:?}: {:?}", c.list, c.index, c.name, c.image))
-        .collect();
-    format!(
-        "{username:?} is in fillJobUsernames, which may only drop entries of the record of unmirrored images; this request sets the image of {}",
-        capped(containers, "containers").join(", ")
-    )
-}
-
-/// The containers an admission decides on: on update, only those whose image changed.
-fn changed_containers(
-    request: &KubernetesAdmissionRequest,
-    operation: Operation,
-) -> Vec<Candidate<'_>> {
-    let old = match operation {
-        Operation::Create => None,
-        _ => Some(&request.old_object),
-    };
-    let lists: &[&str] = match operation {
-        Operation::EphemeralContainers => &EPHEMERAL_LIST,
-        _ => &CONTAINER_LISTS,
-    };
-    candidates(&request.object, old, lists)
-}
-
-/// What to answer the API server.
-#[derive(Debug, PartialEq)]
-pub struct Outcome {
-    pub verdict: Verdict,
-    /// For the user (kubectl prints them).
-    pub warnings: Vec<String>,
-    /// For the API server's audit log: keys are name parts the API server prefixes with the
-    /// webhook's name; values are JSON text.
-    pub audit: BTreeMap<String, String>,
-}
-
-#[derive(Debug, PartialEq)]
-pub enum Verdict {
-    Accept,
-    Mutate(Value),
-    /// Refused for what the policy found (the audit scanner's `fail`).
-    Reject(String),
-    /// Refused because the policy could not find out (code 500: the audit scanner's `error`).
-    Error(String),
-}
-
-impl Outcome {
-    /// Accepted, unchanged, nothing to say.
-    pub fn unchanged() -> Outcome {
-        Outcome {
-            verdict: Verdict::Accept,
-            warnings: Vec::new(),
-            audit: BTreeMap::new(),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Operation {
-    Create,
-    Update,
-    /// `pods/ephemeralcontainers`: the API server keeps only `ephemeralContainers` of the object.
-    EphemeralContainers,
-}
-
-impl Operation {
-    /// Whether the API server keeps metadata changes from this request: it keeps nothing but
-    /// `ephemeralContainers` from a `pods/ephemeralcontainers` one.
-    fn may_change_metadata(self) -> bool {
-        self != Operation::EphemeralContainers
-    }
-}
-
-/// A container image this admission rewrites.
-pub(super) struct Swap {
-    pub(super) list: &'static str,
-    pub(super) index: usize,
-    pub(super) name: String,
-    pub(super) original: String,
-    pub(super) image: String,
-    pub(super) pull_secret: Option<String>,
-    /// Put back to the swap recorded for it: a re-applied manifest re-sent the original.
-    pub(super) reapplied: bool,
-    /// An image the Pod wrote under a mirror's name, written back to its source because it
-    /// does not verify there: not a swap the record of originals names.
-    pub(super) written_back: bool,
-}
-
-/// What the decisions say of the candidates.
-#[derive(Default)]
-pub(super) struct Verdicts {
-    pub(super) swaps: Vec<Swap>,
-    /// One note per distinct image kept, rejected, or swapped with a warning, in container
-    /// order.
-    pub(super) kept: Vec<(String, Note)>,
-    pub(super) rejected: Vec<(String, Note)>,
-    pub(super) swapped_with_note: Vec<(String, Note)>,
-}
 
 /// Takes the request by value: the mutated Pod is the request's own object, changed in place,
 /// so a large Pod is neither copied nor compared.
@@ -354,6 +232,7 @@ mod tests {
     use super::*;
     use crate::budget::tests::FakeClock;
     use crate::decide::tests::{DIGEST_A, DIGEST_B, FakeRegistry, policy_from};
+    use crate::plan::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
     use crate::registry::{LookupError, Manifest};
     use kubewarden_policy_sdk::request::GroupVersionKind;
     use report::{AUDITED_CHARS_MAX, AUDITED_MAX, LISTED_MAX};

@@ -8,16 +8,16 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::decide::check::source_image;
+use crate::decide::images::source_image;
 use crate::policy::Policy;
 use crate::reference::parse_digest;
 
 pub use super::copies::COPY_COMMAND;
 use super::copies::{fill_command, signature_command};
-use super::object::{annotation, named_images};
 use super::unmirrored::{Requester, record_unmirrored};
+use super::unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 use super::warm::{Warm, warm_for};
-use super::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
+use crate::object::{annotation, named_images};
 
 /// One copy: `skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
