@@ -55,7 +55,7 @@ impl Copy {
     /// destination lies under a pull-through cache. `image` is what the Pod or template names,
     /// when known (its tag is what the cache fills on; [`Warm`]).
     pub fn under(mut self, policy: &Policy, image: Option<&str>) -> Copy {
-        self.warm = warm_for(&self, image, policy);
+        self.warm = warm_for(&self.source, &self.destination, image, policy);
         self
     }
 
