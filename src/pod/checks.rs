@@ -2,7 +2,7 @@
 //! decisions are (the first image of each registry first, each lookup once, within the
 //! budget), and what it means for each container. Mirror images are asked whether they are
 //! still there; source images a rule routes (with `reportUnmirrored`), whether any target holds
-//! them. The check role's answer is built by `report`.
+//! them. The check role's answer is built by `check_report`.
 
 use std::collections::BTreeMap;
 
