@@ -3,14 +3,15 @@
 //! programs share it; it uses `decide`'s routing, and `pod` (the admission) uses it.
 
 pub(crate) mod copies;
-pub mod fill;
+mod copy;
+mod fill;
+mod report_copies;
 pub(crate) mod unmirrored;
-pub(crate) mod warm;
+mod warm;
 
 pub use copies::COPY_COMMAND;
-pub use fill::{
-    Copy, FillEntry, FillRecord, copies_in_message, copy_for, marking_patch, pod_key, read_record,
-    report_copy_problem, write_record,
-};
+pub use copy::{Copy, copy_for};
+pub use fill::{FillEntry, FillRecord, marking_patch, pod_key, read_record, write_record};
+pub use report_copies::{copies_in_message, report_copy_problem};
 pub use unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 pub use warm::Warm;

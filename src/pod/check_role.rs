@@ -1,12 +1,12 @@
 //! The check role (`action: check`): its steps in order, as the swapping role's are in `mod.rs`:
 //! the candidates, the verifiers' rules, the lookups (`checks`), and the answer (`check_report`).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
 
 use crate::budget::{Budgeted, Clock};
+use crate::decide::images::mirror_image;
 use crate::policy::Policy;
 use crate::registry::Registry;
 use crate::verifiers::Cluster;
@@ -46,15 +46,11 @@ pub(super) fn check(
     if let Some(why) = &policy.verifiers_unreadable {
         let checked = candidates
             .iter()
-            .any(|c| crate::decide::images::mirror_image(c.image, &policy.router).is_some());
+            .any(|c| mirror_image(c.image, &policy.router).is_some());
         if checked {
-            return Outcome {
-                verdict: Verdict::Error(format!(
-                    "not checked: could not read the verifier policies whose signatures the check applies ({why})"
-                )),
-                warnings: Vec::new(),
-                audit: BTreeMap::new(),
-            };
+            return Outcome::of(Verdict::Error(format!(
+                "not checked: could not read the verifier policies whose signatures the check applies ({why})"
+            )));
         }
     }
     let limit = Duration::from_millis(policy.lookup_budget_ms);

@@ -4,7 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::decide::{Decision, Note, PullSecrets, Routed, decide_routed, route};
+use serde_json::Value;
+
+use crate::decide::{Decision, Note, PullSecrets, Reason, Routed, decide_routed, route};
+use crate::object::container_mut;
 use crate::policy::Policy;
 use crate::registry::Registry;
 
@@ -225,4 +228,28 @@ pub(super) struct Verdicts {
     pub(super) kept: Vec<(String, Note)>,
     pub(super) rejected: Vec<(String, Note)>,
     pub(super) swapped_with_note: Vec<(String, Note)>,
+}
+
+impl Verdicts {
+    /// Images kept because no target of their rule holds them, or holds a copy that verifies
+    /// (with the digest it serves, when known): the record the fill job reads.
+    pub(super) fn unmirrored(&self) -> BTreeMap<String, Option<String>> {
+        self.kept
+            .iter()
+            .filter(|(_, note)| matches!(note.reason, Reason::Absent | Reason::Unverified))
+            .map(|(image, note)| (image.clone(), note.unverified_digest.clone()))
+            .collect()
+    }
+
+    /// Writes each swap's image into its container of `object`; says whether it changed any.
+    pub(super) fn write_images(&self, object: &mut Value) -> bool {
+        let mut changed = false;
+        for swap in &self.swaps {
+            if let Some(container) = container_mut(object, swap.list, swap.index) {
+                container.insert("image".to_string(), Value::String(swap.image.clone()));
+                changed = true;
+            }
+        }
+        changed
+    }
 }

@@ -29,8 +29,13 @@ pub enum Verdict {
 impl Outcome {
     /// Accepted, unchanged, nothing to say.
     pub fn unchanged() -> Outcome {
+        Outcome::of(Verdict::Accept)
+    }
+
+    /// `verdict`, with nothing more to say.
+    pub fn of(verdict: Verdict) -> Outcome {
         Outcome {
-            verdict: Verdict::Accept,
+            verdict,
             warnings: Vec::new(),
             audit: BTreeMap::new(),
         }

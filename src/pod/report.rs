@@ -235,6 +235,19 @@ pub(super) fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
     items
 }
 
+/// The rejection message of an admission with `rejections` (one per distinct image), or `None`
+/// when there is none: one image's reason as it is, several counted and capped.
+pub(super) fn rejection(rejections: Vec<String>) -> Option<String> {
+    match rejections.len() {
+        0 => None,
+        1 => rejections.into_iter().next(),
+        n => Some(format!(
+            "{n} images cannot be admitted: {}",
+            capped(rejections, "images").join("; ")
+        )),
+    }
+}
+
 /// Why a request from `fillJobUsernames` that sets images is refused, naming each container.
 pub(super) fn fill_job_may_not_set_images(username: &str, candidates: &[Candidate<'_>]) -> String {
     let containers: Vec<String> = candidates

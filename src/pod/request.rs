@@ -32,6 +32,17 @@ pub(super) enum Operation {
 }
 
 impl Operation {
+    /// The operation of `request`, or `None` for one that changes no Pod's images (a delete,
+    /// a connect, another subresource).
+    pub(super) fn of(request: &KubernetesAdmissionRequest) -> Option<Operation> {
+        match (request.operation.as_str(), request.sub_resource.as_str()) {
+            ("CREATE", "") => Some(Operation::Create),
+            ("UPDATE", "") => Some(Operation::Update),
+            ("UPDATE", "ephemeralcontainers") => Some(Operation::EphemeralContainers),
+            _ => None,
+        }
+    }
+
     /// Whether the API server keeps metadata changes from this request: it keeps nothing but
     /// `ephemeralContainers` from a `pods/ephemeralcontainers` one.
     pub(super) fn may_change_metadata(self) -> bool {
