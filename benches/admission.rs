@@ -453,7 +453,7 @@ fill controller: fill-mirror list over recorded Pods (median of 3 runs)"
                     "metadata": {"name": format!("web-{n}"), "namespace": "default"},
                     "spec": {"containers": [{"name": "web", "image": image}]}});
                 assert!(
-                    image_swapper_policy::pod::fill::write_record(&mut pod, &[&image], &policy),
+                    image_swapper_policy::plan::write_record(&mut pod, &[&image], &policy),
                     "no record for {image}"
                 );
                 pod

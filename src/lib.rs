@@ -2,12 +2,22 @@
 //! only to images the mirror was just seen to hold, pinned to the digest it answered.
 //!
 //! This file is the waPC wiring only: decode the request, run [`pod::admit`], encode the answer.
+//!
+//! The modules form layers, each importing only those below it, never two that import each
+//! other (docs/development.md, Layout). From the top: the wiring and `host`; `settings`, whose
+//! form validates into a [`policy::Policy`]; `pod`, one admission; `plan`, the plan of copies
+//! that the fill controller (`fill-mirror`) reads too; `object`, the Pod's JSON; `decide`, the
+//! decision for one image, and `inverse`; `budget`; `registry`; `policy`; `verifiers`; `rules`
+//! and `signatures`; `reference`, `glob` and `text`. Settings sit above policy, and policy above
+//! verifiers.
 
 pub mod budget;
 pub mod decide;
 pub mod glob;
 pub mod host;
 pub mod inverse;
+mod object;
+pub mod plan;
 pub mod pod;
 pub mod policy;
 pub mod reference;

@@ -45,7 +45,7 @@ const KUBEWARDEN: &str = "kubewarden";
 const FILL_JOB: &str = "system:serviceaccount:kubewarden:fill-mirror";
 
 /// The record the swapping policy writes on a Pod kept on its source image and the fill job
-/// drops once it has copied it (`src/pod/unmirrored.rs`).
+/// drops once it has copied it (`src/plan/unmirrored.rs`).
 const RECORD_ANNOTATION: &str = "image-swapper.kubewarden.io/unmirrored-images";
 const RECORD_LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
 
@@ -1185,7 +1185,7 @@ fn the_fill_controller_fills_and_marks_with_the_rights_deploy_gives_it() {
     let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "web", "namespace": "default"},
         "spec": {"containers": [{"name": "web", "image": image}]}});
-    assert!(image_swapper_policy::pod::fill::write_record(
+    assert!(image_swapper_policy::plan::write_record(
         &mut pod,
         &[&image],
         &policy

@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use image_swapper_policy::pod::fill::write_record;
+use image_swapper_policy::plan::write_record;
 use image_swapper_policy::policy::Policy;
 use image_swapper_policy::settings::parse_settings;
 use rig::hosts::{LiveHost, LookupLock, SerialisedHost};

@@ -7,7 +7,7 @@
 //! the mirror's old digest must not gain the signatures that make it verify as current).
 //! It runs inside the image's job, one request after another, so it counts in `--jobs`.
 
-use image_swapper_policy::pod::fill::Copy;
+use image_swapper_policy::plan::Copy;
 use image_swapper_policy::reference::Reference;
 use sha2::{Digest, Sha256};
 

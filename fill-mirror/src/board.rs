@@ -8,7 +8,7 @@ mod outcome;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use image_swapper_policy::pod::fill::{Copy, FillRecord};
+use image_swapper_policy::plan::{Copy, FillRecord};
 
 pub use marks::{Mark, MarkResult};
 pub use outcome::{Backoff, CopyItem, Outcome, Status};
@@ -343,7 +343,7 @@ fn whole_seconds(time: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use image_swapper_policy::pod::fill::FillEntry;
+    use image_swapper_policy::plan::FillEntry;
 
     fn copy(source: &str, destination: &str) -> Copy {
         Copy {
@@ -394,7 +394,7 @@ mod tests {
         let mut board = Board::new(Backoff::default(), false);
         let pushed = nginx();
         let warmed = Copy {
-            warm: Some(image_swapper_policy::pod::Warm {
+            warm: Some(image_swapper_policy::plan::Warm {
                 reference: "m.io/library/nginx:1".to_string(),
                 digest: None,
             }),

@@ -14,7 +14,7 @@ use crate::{leader, source, watch};
 
 type Records = Vec<(
     String,
-    image_swapper_policy::pod::fill::FillRecord,
+    image_swapper_policy::plan::FillRecord,
     Option<std::time::SystemTime>,
 )>;
 
@@ -23,7 +23,7 @@ type Records = Vec<(
 /// from files).
 struct Read {
     records: Records,
-    report_copies: Vec<image_swapper_policy::pod::fill::Copy>,
+    report_copies: Vec<image_swapper_policy::plan::Copy>,
     report_notes: Vec<String>,
     client: Option<kube::Client>,
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
-use image_swapper_policy::pod::fill::Copy;
+use image_swapper_policy::plan::Copy;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -314,7 +314,7 @@ impl Runner {
 async fn send_mark(client: &kube::Client, mark: &Mark) -> MarkResult {
     let (namespace, name) = mark.pod.split_once('/').unwrap_or(("", &mark.pod));
     let filled: Vec<&str> = mark.filled.iter().map(String::as_str).collect();
-    let Some(patch) = image_swapper_policy::pod::fill::marking_patch(&mark.text, &filled) else {
+    let Some(patch) = image_swapper_policy::plan::marking_patch(&mark.text, &filled) else {
         return MarkResult::Final;
     };
     let patch: json_patch::Patch = match serde_json::from_value(patch) {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use image_swapper_policy::pod::Warm;
-use image_swapper_policy::pod::fill::Copy;
+use image_swapper_policy::plan::Copy;
+use image_swapper_policy::plan::Warm;
 use image_swapper_policy::reference::Reference;
 use tokio::process::Command;
 

@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use anyhow::{Context, bail};
-use image_swapper_policy::pod::fill::{
+use image_swapper_policy::plan::{
     Copy, FillRecord, copies_in_message, pod_key, read_record, report_copy_problem,
 };
-use image_swapper_policy::pod::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
+use image_swapper_policy::plan::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 use image_swapper_policy::policy::Policy;
 use image_swapper_policy::settings::parse_settings;
 use k8s_openapi::api::core::v1::Pod;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use image_swapper_policy::pod::fill::{copy_for, pod_key, read_record};
+use image_swapper_policy::plan::{copy_for, pod_key, read_record};
 use image_swapper_policy::policy::Policy;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};

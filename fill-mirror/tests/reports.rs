@@ -9,7 +9,7 @@
 
 mod rig;
 
-use image_swapper_policy::pod::fill::Copy;
+use image_swapper_policy::plan::Copy;
 use rig::check;
 use rig::images::Image;
 use rig::registry::TestRegistry;
@@ -22,7 +22,7 @@ const CHECK: &str = "clusterwide-image-swapper-check";
 fn command(source: &str, destination: &str) -> String {
     format!(
         "{} docker://{source} docker://{destination}",
-        image_swapper_policy::pod::fill::COPY_COMMAND
+        image_swapper_policy::plan::COPY_COMMAND
     )
 }
 

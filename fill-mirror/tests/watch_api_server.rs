@@ -625,7 +625,7 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
     let copy = |image: &str| {
         format!(
             "{} docker://{source}/{image} docker://{mirror}/hub/{image}",
-            image_swapper_policy::pod::fill::COPY_COMMAND
+            image_swapper_policy::plan::COPY_COMMAND
         )
     };
     let namespaced = check_report("PolicyReport", "uid-web", &copy("app/web:2"));

@@ -5,131 +5,14 @@
 //! the source and no fallback settings.
 
 use crate::policy::Policy;
-use crate::reference::Reference;
-use crate::registry::{LookupError, Refusal, Registry};
-use crate::rules::Router;
+use crate::registry::{LookupError, Registry};
 use crate::text::quote;
 
 use super::check_signed::{check_at_source, check_drift, check_mirror_signature, signed_mirror};
-use super::{Routed, joined, mirror_digest, route, verified_digest};
+use super::images::{MirrorImage, SourceImage, mirror_image, source_image};
+use super::presence::Presence;
+use super::{joined, mirror_digest, verified_digest};
 use crate::signatures::{Verification, rules_covering, verifications_for};
-
-/// A mirror image, as the lookup that asks the mirror for exactly what a node pulls.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MirrorImage {
-    /// `repository@digest` when the image names a digest (the kubelet pulls the digest, the
-    /// tag beside it is ignored), else `repository:tag`.
-    pub lookup: String,
-    /// Where the repository ends in `lookup`.
-    repository_end: usize,
-}
-
-impl MirrorImage {
-    pub fn repository(&self) -> &str {
-        &self.lookup[..self.repository_end]
-    }
-
-    /// The digest the image pins, if it pins one.
-    pub fn digest(&self) -> Option<&str> {
-        self.lookup[self.repository_end..].strip_prefix('@')
-    }
-
-    /// `repository:tag` or `repository@digest` under `repository`.
-    fn under(repository: &str, reference: &Reference) -> MirrorImage {
-        let lookup = match (reference.digest(), reference.tag()) {
-            (Some(digest), _) => joined(repository, '@', digest),
-            (None, Some(tag)) => joined(repository, ':', tag),
-            (None, None) => repository.to_string(),
-        };
-        MirrorImage {
-            lookup,
-            repository_end: repository.len(),
-        }
-    }
-}
-
-/// A source image a rule routes to a mirror: where the copy that fills the mirror comes from,
-/// and each target's lookup, in the rule's order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceImage {
-    /// The image as the Pod writes it: what the rules of `signatures` match.
-    pub written: String,
-    /// The source repository, normalised (`docker.io/library/nginx`).
-    pub name: String,
-    /// `name@digest` when the image names a digest (what the kubelet pulls), else `name:tag`:
-    /// what a copy reads from the source.
-    pub source: String,
-    /// The same reference under each target, asked as a node would pull it.
-    pub targets: Vec<MirrorImage>,
-}
-
-/// The source image `image` names, when a rule routes it to a mirror; `None` for images no
-/// rule routes (unmatched, excluded, already under a target, not a reference).
-pub fn source_image(image: &str, policy: &Policy) -> Option<SourceImage> {
-    let Routed::Mirror {
-        reference,
-        destination,
-    } = route(image, policy)
-    else {
-        return None;
-    };
-    let source = MirrorImage::under(reference.name(), &reference).lookup;
-    let targets = destination
-        .targets
-        .iter()
-        .map(|target| MirrorImage::under(&target.repository, &reference))
-        .collect();
-    Some(SourceImage {
-        written: image.to_string(),
-        name: reference.name().to_string(),
-        source,
-        targets,
-    })
-}
-
-/// The mirror image `image` names, when it lies under a configured target in any spelling a
-/// runtime resolves to it; `None` for every other image (no rule's business, or not a
-/// reference a runtime would pull, which no node can pull either).
-pub fn mirror_image(image: &str, router: &Router) -> Option<MirrorImage> {
-    let reference = Reference::parse(image).ok()?;
-    router.target_of(&reference)?;
-    Some(MirrorImage::under(reference.name(), &reference))
-}
-
-/// What the mirror said of a mirror image.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Presence {
-    /// It holds it.
-    Present,
-    /// It said it lacks it: the mirror's words. A finding (the report's `fail`).
-    Gone(String),
-    /// It could not be asked, or its answer could not be trusted: why. Not a finding (the
-    /// report's `error`): nothing is known of the image.
-    NotChecked(String),
-    /// Not asked: the lookup budget would likely have run out first, and why.
-    OverBudget(Refusal),
-    /// A mirror image that is there, swapped from a source a rule of `signatures` covers, whose
-    /// digest no longer verifies at that source (its signature deleted or replaced): the host's
-    /// words and the digest. The mirror's own signature still vouches for it. A finding.
-    RevokedAtSource { answer: String, digest: String },
-    /// A mirror image pinned to `digest` under a tag whose source now names another digest,
-    /// `now`, which verifies there (`verifySource: false` trusts the mirror's tags, so the
-    /// check is where a moved tag is seen). A finding.
-    Drifted { digest: String, now: String },
-    /// A mirror image that verifies at its source, under a rule that also covers the mirror's
-    /// own name, whose mirror lacks the source's signature of `digest` (its `sha256-<hex>.sig`
-    /// absent or another manifest): why, naming both. A verifier whose rules match the mirror's
-    /// name refuses what it runs, or admits another signature. A finding.
-    SignatureNotCopied { why: String, digest: String },
-    /// A source image a target holds, but whose copy there does not verify under
-    /// `signatures`: the target (its index), the host's words, and the digest the target
-    /// serves when it was learned, which names the signature tag to copy. A finding.
-    Unverified {
-        target: usize,
-        answer: String,
-        digest: Option<String>,
-    },
-}
 
 /// What the check asks about one distinct image of the Pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,10 +11,11 @@ use crate::registry::{LookupError, Registry};
 use crate::signatures::{Verification, covers, rules_covering};
 use crate::text::quote;
 
-use super::check::{MirrorImage, Presence};
 use super::failure::Failure;
+use super::images::MirrorImage;
 use super::mirror_digest;
 use super::mirror_signature::signature_copied;
+use super::presence::Presence;
 
 /// The spellings of a pinned mirror image's source that a rule of `signatures` (or of a
 /// verifier) covers, with the source the check asks: the Pod's record of its original when

@@ -2,13 +2,16 @@
 //!
 //! `decide` routes the image and looks it up in the mirror; `verify_source` compares the
 //! mirror's copy with the source when `verifySource` asks for it. `check` is the check role's
-//! decision, which shares routing and lookups and nothing else.
+//! decision, which shares routing and lookups and nothing else (`images`: what it asks about,
+//! which the plan of copies names too; `presence`: what the mirror said).
 
 pub mod check;
 mod check_signed;
 mod failure;
+pub mod images;
 mod mirror_signature;
 mod mirror_spelled;
+pub mod presence;
 mod verify_source;
 mod walk;
 

@@ -5,7 +5,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::object::container_list;
+use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
+
+use crate::object::{CONTAINER_LISTS, container_list};
+
+use super::request::Operation;
 
 /// The only list the API server keeps from a `pods/ephemeralcontainers` request: deciding the
 /// others would look up, warn about and even reject changes that are thrown away.
@@ -63,4 +67,20 @@ pub(super) fn candidates<'o>(
         }
     }
     candidates
+}
+
+/// The containers an admission decides on: on update, only those whose image changed.
+pub(super) fn changed_containers(
+    request: &KubernetesAdmissionRequest,
+    operation: Operation,
+) -> Vec<Candidate<'_>> {
+    let old = match operation {
+        Operation::Create => None,
+        _ => Some(&request.old_object),
+    };
+    let lists: &[&str] = match operation {
+        Operation::EphemeralContainers => &EPHEMERAL_LIST,
+        _ => &CONTAINER_LISTS,
+    };
+    candidates(&request.object, old, lists)
 }

@@ -7,16 +7,18 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use crate::budget::BudgetReport;
-use crate::decide::check::{CheckedImage, MirrorImage, Presence};
+use crate::decide::check::CheckedImage;
+use crate::decide::images::MirrorImage;
+use crate::decide::presence::Presence;
 use crate::policy::Policy;
 use crate::reference::Reference;
 use crate::text::quote;
 
 use super::candidates::Candidate;
 use super::checks::Checked;
-use super::copies::{fill_command, refill_command, signature_command, signature_tag};
+use super::outcome::{Outcome, Verdict};
 use super::report::{capped, time_spent};
-use super::{Outcome, Verdict};
+use crate::plan::copies::{fill_command, refill_command, signature_command, signature_tag};
 
 /// The check role's answer: accepted when every mirror image is there and every source image
 /// is in a mirror; rejected when any mirror image is gone or any source image is in none of its

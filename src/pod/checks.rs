@@ -2,27 +2,18 @@
 //! decisions are (the first image of each registry first, each lookup once, within the
 //! budget), and what it means for each container. Mirror images are asked whether they are
 //! still there; source images a rule routes (with `reportUnmirrored`), whether any target holds
-//! them. The check role's answer is built by `report`.
+//! them. The check role's answer is built by `check_report`.
 
 use std::collections::BTreeMap;
 
-use crate::decide::check::{self, Presence};
+use crate::decide::check;
+use crate::decide::presence::Presence;
 use crate::policy::Policy;
 use crate::registry::{Registry, registry_host};
 
 use super::candidates::Candidate;
-use super::check_report::Found;
-use super::check_report::check_outcome;
 use super::decisions::first_of_each_registry;
 use super::look_once::LookOnce;
-use super::record::recorded_originals;
-use super::running::running_digests;
-use super::verifier_read::{tell_unmatched, with_verifier_rules};
-use super::{Operation, Outcome, Verdict, changed_containers};
-use crate::budget::{Budgeted, Clock};
-use crate::verifiers::Cluster;
-use kubewarden_policy_sdk::request::KubernetesAdmissionRequest;
-use std::time::Duration;
 
 /// A container whose image the check asked about, and what the mirror said of it.
 pub(super) struct Checked {
@@ -81,57 +72,6 @@ pub(super) fn check_all(
             })
         })
         .collect()
-}
-
-/// The check role: every container (on update, every changed one) whose image is a mirror
-/// image is looked up as a node would pull it. Static Pods' mirror Pods are checked too: their
-/// node pulls the same image.
-pub(super) fn check(
-    request: &KubernetesAdmissionRequest,
-    operation: Operation,
-    policy: &Policy,
-    registry: &mut impl Registry,
-    cluster: &mut impl Cluster,
-    clock: &impl Clock,
-) -> Outcome {
-    let candidates = changed_containers(request, operation);
-    // The verifiers' rules, read as the swap reads them, once there is an image to check.
-    let with_verifiers;
-    let mut unmatched = None;
-    let policy = if policy.verifiers.is_empty() || candidates.is_empty() {
-        policy
-    } else {
-        let read;
-        (read, unmatched) = with_verifier_rules(policy, &request.namespace, cluster);
-        with_verifiers = read;
-        &with_verifiers
-    };
-    if let Some(why) = &policy.verifiers_unreadable {
-        let checked = candidates
-            .iter()
-            .any(|c| crate::decide::check::mirror_image(c.image, &policy.router).is_some());
-        if checked {
-            return Outcome {
-                verdict: Verdict::Error(format!(
-                    "not checked: could not read the verifier policies whose signatures the check applies ({why})"
-                )),
-                warnings: Vec::new(),
-                audit: BTreeMap::new(),
-            };
-        }
-    }
-    let limit = Duration::from_millis(policy.lookup_budget_ms);
-    let mut budgeted = Budgeted::new(registry, clock, limit);
-    let originals = recorded_originals(&request.object);
-    let checked = check_all(&candidates, &originals, policy, &mut budgeted);
-    let report = budgeted.report();
-    let found = Found {
-        originals: &originals,
-        running: &running_digests(&request.object),
-    };
-    let mut outcome = check_outcome(&checked, &candidates, &found, policy, &report);
-    tell_unmatched(&mut outcome.warnings, &mut outcome.audit, unmatched);
-    outcome
 }
 
 #[cfg(test)]

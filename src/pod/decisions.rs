@@ -4,14 +4,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::decide::{Decision, PullSecrets, Routed, decide_routed, route};
+use serde_json::Value;
+
+use crate::decide::{Decision, Note, PullSecrets, Reason, Routed, decide_routed, route};
+use crate::object::container_mut;
 use crate::policy::Policy;
 use crate::registry::Registry;
 
 use super::candidates::Candidate;
 use super::look_once::LookOnce;
 use super::reapply::running_swap;
-use super::{Operation, Swap, Verdicts};
+use super::request::Operation;
 
 /// One decision per distinct image, and what it means for each container, in container order.
 pub(super) fn decide_all(
@@ -199,4 +202,54 @@ pub(super) fn first_of_each_registry<'h>(
     }
     first.extend(rest);
     first
+}
+
+/// A container image this admission rewrites.
+pub(super) struct Swap {
+    pub(super) list: &'static str,
+    pub(super) index: usize,
+    pub(super) name: String,
+    pub(super) original: String,
+    pub(super) image: String,
+    pub(super) pull_secret: Option<String>,
+    /// Put back to the swap recorded for it: a re-applied manifest re-sent the original.
+    pub(super) reapplied: bool,
+    /// An image the Pod wrote under a mirror's name, written back to its source because it
+    /// does not verify there: not a swap the record of originals names.
+    pub(super) written_back: bool,
+}
+
+/// What the decisions say of the candidates.
+#[derive(Default)]
+pub(super) struct Verdicts {
+    pub(super) swaps: Vec<Swap>,
+    /// One note per distinct image kept, rejected, or swapped with a warning, in container
+    /// order.
+    pub(super) kept: Vec<(String, Note)>,
+    pub(super) rejected: Vec<(String, Note)>,
+    pub(super) swapped_with_note: Vec<(String, Note)>,
+}
+
+impl Verdicts {
+    /// Images kept because no target of their rule holds them, or holds a copy that verifies
+    /// (with the digest it serves, when known): the record the fill job reads.
+    pub(super) fn unmirrored(&self) -> BTreeMap<String, Option<String>> {
+        self.kept
+            .iter()
+            .filter(|(_, note)| matches!(note.reason, Reason::Absent | Reason::Unverified))
+            .map(|(image, note)| (image.clone(), note.unverified_digest.clone()))
+            .collect()
+    }
+
+    /// Writes each swap's image into its container of `object`; says whether it changed any.
+    pub(super) fn write_images(&self, object: &mut Value) -> bool {
+        let mut changed = false;
+        for swap in &self.swaps {
+            if let Some(container) = container_mut(object, swap.list, swap.index) {
+                container.insert("image".to_string(), Value::String(swap.image.clone()));
+                changed = true;
+            }
+        }
+        changed
+    }
 }

@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 
 use crate::rules::Router;
 
-use super::Swap;
-use super::object::{annotation, named_images, object_entry};
+use super::decisions::Swap;
+use crate::object::{annotation, named_images, object_entry};
 
 /// The annotation that records, for each swapped container, the image the Pod asked for.
 pub const ORIGINAL_IMAGES_ANNOTATION: &str = "image-swapper.kubewarden.io/original-images";

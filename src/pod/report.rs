@@ -12,7 +12,8 @@ use crate::policy::{Fallback, Policy};
 use crate::registry::Refusal;
 use crate::text::{quote, truncated};
 
-use super::Verdicts;
+use super::candidates::Candidate;
+use super::decisions::Verdicts;
 
 /// The warnings and the rejection reasons, one per distinct image, except that the images the
 /// budget left unlooked-up share one message that names the budget.
@@ -232,4 +233,29 @@ pub(super) fn capped(mut items: Vec<String>, what: &str) -> Vec<String> {
         items.push(format!("… and {more} more {what}"));
     }
     items
+}
+
+/// The rejection message of an admission with `rejections` (one per distinct image), or `None`
+/// when there is none: one image's reason as it is, several counted and capped.
+pub(super) fn rejection(rejections: Vec<String>) -> Option<String> {
+    match rejections.len() {
+        0 => None,
+        1 => rejections.into_iter().next(),
+        n => Some(format!(
+            "{n} images cannot be admitted: {}",
+            capped(rejections, "images").join("; ")
+        )),
+    }
+}
+
+/// Why a request from `fillJobUsernames` that sets images is refused, naming each container.
+pub(super) fn fill_job_may_not_set_images(username: &str, candidates: &[Candidate<'_>]) -> String {
+    let containers: Vec<String> = candidates
+        .iter()
+        .map(|c| format!("{}[{}] {:?}: {:?}", c.list, c.index, c.name, c.image))
+        .collect();
+    format!(
+        "{username:?} is in fillJobUsernames, which may only drop entries of the record of unmirrored images; this request sets the image of {}",
+        capped(containers, "containers").join(", ")
+    )
 }

@@ -23,7 +23,7 @@ const STATUS_LISTS: [&str; 3] = [
 /// older runtimes). An image id without a repository (a local image's configuration digest,
 /// which some runtimes report) is no digest any registry serves, and is left out.
 pub(super) fn running_digests(object: &Value) -> BTreeMap<String, String> {
-    let specs: BTreeMap<&str, &str> = super::object::named_images(object).collect();
+    let specs: BTreeMap<&str, &str> = crate::object::named_images(object).collect();
     let mut running = BTreeMap::new();
     let Some(status) = object.get("status") else {
         return running;

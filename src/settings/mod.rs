@@ -6,7 +6,6 @@
 //! the pairwise target check, over a handful of rules) and builds no regular expression.
 
 mod exclude;
-mod lenient;
 mod mirrors;
 mod one_to_one;
 mod prefix;
@@ -22,8 +21,6 @@ use crate::verifiers::ServiceAccount;
 
 use exclude::matching_spelling;
 use one_to_one::check_one_to_one;
-
-pub use lenient::verifier_rules_from;
 
 pub use mirrors::{DefaultMirrorSetting, MirrorSetting, TargetSetting};
 pub use signatures::{

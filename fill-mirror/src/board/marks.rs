@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use image_swapper_policy::pod::fill::Copy;
+use image_swapper_policy::plan::Copy;
 
 use super::{Board, Status, whole_seconds};
 

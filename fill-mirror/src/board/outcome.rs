@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use image_swapper_policy::pod::fill::Copy;
+use image_swapper_policy::plan::Copy;
 
 /// What a copy attempt ended in.
 #[derive(Clone, Debug, PartialEq, Eq)]

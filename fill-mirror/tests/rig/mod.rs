@@ -81,7 +81,7 @@ pub fn recorded_pod(name: &str, images: &[&str], absent: &[&str], policy: &Polic
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"containers": containers},
     });
-    image_swapper_policy::pod::fill::write_record(&mut pod, absent, policy);
+    image_swapper_policy::plan::write_record(&mut pod, absent, policy);
     pod
 }
 

@@ -7,8 +7,6 @@
 use crate::policy::Policy;
 use crate::reference::Reference;
 
-use super::fill::Copy;
-
 /// The pull that fills a pull-through cache with a copy's source: `reference` under the
 /// cache, by the source's tag where it names one (ECR's pull-through cache fills on a tag, and
 /// answers "not found" for a digest it has not stored), else by its digest; and the digest the
@@ -19,16 +17,21 @@ pub struct Warm {
     pub digest: Option<String>,
 }
 
-/// The warming that stands for `copy`, or `None` when its destination is not under a target
-/// marked `pullThrough` (or either side is not a reference: then it is copied, or refused, as
-/// any other). `image` is what the Pod or template names, when known: a copy of a pinned image
+/// The warming that stands for the copy of `source` to `destination`, or `None` when the
+/// destination is not under a target marked `pullThrough` (or either side is not a reference:
+/// then it is copied, or refused, as any other). `image` is what the Pod or template names, when known: a copy of a pinned image
 /// is by digest alone, and the cache fills on the tag beside that digest.
-pub(super) fn warm_for(copy: &Copy, image: Option<&str>, policy: &Policy) -> Option<Warm> {
-    let destination = Reference::parse(&copy.destination).ok()?;
+pub(super) fn warm_for(
+    source: &str,
+    destination: &str,
+    image: Option<&str>,
+    policy: &Policy,
+) -> Option<Warm> {
+    let destination = Reference::parse(destination).ok()?;
     if !policy.router.is_pull_through(&destination) {
         return None;
     }
-    let source = Reference::parse(&copy.source).ok()?;
+    let source = Reference::parse(source).ok()?;
     let named = image.and_then(|image| Reference::parse(image).ok());
     let tag = source
         .tag()
@@ -52,14 +55,6 @@ mod tests {
     const CACHE: &str = r#"{"mirrors":[
         {"source":"docker.io","target":"cache.example/docker-hub","pullThrough":true},
         {"source":"quay.io","target":"m.example/quay"}]}"#;
-
-    fn copy(source: &str, destination: &str) -> Copy {
-        Copy {
-            source: source.to_string(),
-            destination: destination.to_string(),
-            warm: None,
-        }
-    }
 
     #[rstest]
     #[case::a_tag_is_asked_by_its_tag(
@@ -115,10 +110,7 @@ mod tests {
             reference: reference.to_string(),
             digest: digest.map(str::to_string),
         });
-        assert_eq!(
-            warm_for(&copy(source, destination), image, &policy),
-            expected
-        );
+        assert_eq!(warm_for(source, destination, image, &policy), expected);
     }
 
     /// The marks stay with their targets whatever the order the rules are written in (the
@@ -155,7 +147,7 @@ mod tests {
             {"source":"ghcr.io","target":"m.example/ghcr"}]}"#,
         );
         assert_eq!(
-            warm_for(&copy(source, destination), None, &policy).is_some(),
+            warm_for(source, destination, None, &policy).is_some(),
             warmed
         );
     }
@@ -166,7 +158,8 @@ mod tests {
             r#"{"mirrors":[{"source":"docker.io","target":"cache.example:443/hub","pullThrough":true}]}"#,
         );
         let warm = warm_for(
-            &copy("docker.io/library/app:1", "cache.example/hub/library/app:1"),
+            "docker.io/library/app:1",
+            "cache.example/hub/library/app:1",
             None,
             &policy,
         );

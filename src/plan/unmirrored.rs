@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::decide::check::source_image;
+use crate::decide::images::source_image;
 use crate::policy::Policy;
 
 use super::copies::{fill_command, signature_command};
-use super::object::{annotation, named_images, object_entry};
+use crate::object::{annotation, named_images, object_entry};
 use crate::signatures;
 
 /// Per container: the source image as the container names it, the mirror image wanted (the first
@@ -67,7 +67,7 @@ fn recorded(object: &Value) -> BTreeMap<String, String> {
 
 /// Who sends an update, as far as the record goes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Requester {
+pub(crate) enum Requester {
     /// One of `fillJobUsernames`: it copied the images of the entries its update drops, so those
     /// go (the kept-Pods alert then clears), and the rest stay.
     FillJob,
@@ -77,7 +77,7 @@ pub(super) enum Requester {
 }
 
 impl Requester {
-    pub(super) fn of(username: &str, policy: &Policy) -> Requester {
+    pub(crate) fn of(username: &str, policy: &Policy) -> Requester {
         if policy
             .fill_job_usernames
             .iter()
@@ -95,7 +95,7 @@ impl Requester {
 /// `previous` (the live Pod's record, on update) had one for the image it still runs, unless
 /// the fill job's update dropped it; every other entry goes, and the annotation and the label
 /// go when none is left. Says whether it changed the Pod.
-pub(super) fn record_unmirrored(
+pub(crate) fn record_unmirrored(
     object: &mut Value,
     previous: Option<&Value>,
     requester: Requester,

@@ -2,7 +2,7 @@
 //! to run unread, copying exactly what a Pod needs and never moving a mirror tag to other
 //! content.
 
-use crate::decide::check::{MirrorImage, SourceImage};
+use crate::decide::images::{MirrorImage, SourceImage};
 use crate::reference::Reference;
 
 /// The copy that puts a gone mirror image back, safe to run unread: exactly what the kubelet
@@ -12,7 +12,7 @@ use crate::reference::Reference;
 /// tag keeps "delete untagged" rules off the copy. An image by tag copies to the mirror's tag,
 /// which the mirror just said it lacks: the digest the container runs (`running`, from its
 /// status) when known, so that its next pull gets what it runs now, else the source's tag.
-pub(super) fn refill_command(
+pub(crate) fn refill_command(
     original: &str,
     image: &MirrorImage,
     running: Option<&str>,
@@ -32,7 +32,7 @@ pub(super) fn refill_command(
 
 /// The copy that fills the first target with a source image no target holds: by digest to a
 /// tag of its own, or by tag to the same tag (which every target just said it lacks).
-pub(super) fn fill_command(source: &SourceImage) -> String {
+pub(crate) fn fill_command(source: &SourceImage) -> String {
     let Some(first) = source.targets.first() else {
         return String::new();
     };
@@ -48,7 +48,7 @@ pub(super) fn fill_command(source: &SourceImage) -> String {
 /// `triangulate`), copied as it is, so that the mirror's copy of `digest` verifies under the
 /// same rule as the source. A signature names the image's digest, not its name, so the copy
 /// verifies at the mirror name.
-pub(super) fn signature_command(source_name: &str, repository: &str, digest: &str) -> String {
+pub(crate) fn signature_command(source_name: &str, repository: &str, digest: &str) -> String {
     copy_command(
         &signature_tag(source_name, digest),
         &signature_tag(repository, digest),
@@ -56,7 +56,7 @@ pub(super) fn signature_command(source_name: &str, repository: &str, digest: &st
 }
 
 /// `repository:sha256-<hex>.sig`: cosign's signature tag of `digest` in `repository`.
-pub(super) fn signature_tag(repository: &str, digest: &str) -> String {
+pub(crate) fn signature_tag(repository: &str, digest: &str) -> String {
     format!("{}.sig", own_tag(repository, digest))
 }
 

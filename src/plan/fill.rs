@@ -8,73 +8,15 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::decide::check::source_image;
+use crate::decide::images::source_image;
+use crate::object::{annotation, named_images};
 use crate::policy::Policy;
 use crate::reference::parse_digest;
 
-pub use super::copies::COPY_COMMAND;
 use super::copies::{fill_command, signature_command};
-use super::object::{annotation, named_images};
+use super::copy::Copy;
 use super::unmirrored::{Requester, record_unmirrored};
-use super::warm::{Warm, warm_for};
-use super::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
-
-/// One copy: `skopeo copy --all --preserve-digests docker://SOURCE docker://DESTINATION`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Copy {
-    pub source: String,
-    pub destination: String,
-    /// Set when the destination lies under a target marked `pullThrough`: the manifest GET
-    /// that fills the cache instead of the push, which a cache refuses ([`Copy::under`]).
-    pub warm: Option<Warm>,
-}
-
-impl Copy {
-    /// The copy a command in the policy's form names: exactly [`COPY_COMMAND`], then
-    /// `docker://SOURCE docker://DESTINATION`, both in the reference grammar's characters.
-    /// Anything else is `None`: a command is never run, only read.
-    pub fn parse(command: &str) -> Option<Copy> {
-        let rest = command.strip_prefix(COPY_COMMAND)?.strip_prefix(' ')?;
-        let (source, destination) = rest.split_once(' ')?;
-        let source = source.strip_prefix("docker://")?;
-        let destination = destination.strip_prefix("docker://")?;
-        let grammar = |text: &str| {
-            !text.is_empty()
-                && text
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._:@/-".contains(&b))
-        };
-        (grammar(source) && grammar(destination)).then(|| Copy {
-            source: source.to_string(),
-            destination: destination.to_string(),
-            warm: None,
-        })
-    }
-
-    /// This copy as `policy` fills its destination: warmed instead of pushed when the
-    /// destination lies under a pull-through cache. `image` is what the Pod or template names,
-    /// when known (its tag is what the cache fills on; [`Warm`]).
-    pub fn under(mut self, policy: &Policy, image: Option<&str>) -> Copy {
-        self.warm = warm_for(&self, image, policy);
-        self
-    }
-
-    /// The registry host of the source: what a backoff on 429 and 5xx is kept for.
-    pub fn source_host(&self) -> &str {
-        self.source.split('/').next().unwrap_or_default()
-    }
-
-    /// The registry host of the destination: the target registry the metrics name.
-    pub fn destination_host(&self) -> &str {
-        self.destination.split('/').next().unwrap_or_default()
-    }
-}
-
-impl std::fmt::Display for Copy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.source, self.destination)
-    }
-}
+use super::unmirrored::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 
 /// One entry of a record the policy would write: its container, the image's copy, and the
 /// copy of its cosign signature when the record names one.
@@ -95,15 +37,6 @@ pub struct FillRecord {
     /// One line per entry refused, or for the whole record when it is not well formed; none
     /// of what a line names is run.
     pub notes: Vec<String>,
-}
-
-/// The copy that fills the mirror with `image` ahead of any Pod (a workload template names
-/// it): the one a Pod's record would name for a container running it, or `None` when no rule
-/// routes it (unmatched, excluded, already under a target, not a reference).
-pub fn copy_for(image: &str, policy: &Policy) -> Option<Copy> {
-    source_image(image, policy)
-        .and_then(|source| Copy::parse(&fill_command(&source)))
-        .map(|copy| copy.under(policy, Some(image)))
 }
 
 /// `namespace/name` of a Pod, for the notes.
@@ -258,95 +191,6 @@ fn pointer_token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
-/// The copies a check role's result message names, in order: each [`COPY_COMMAND`] followed by
-/// `docker://SOURCE docker://DESTINATION`, both ending at the first character outside the
-/// reference grammar (the check role writes them inside parentheses and sentences).
-pub fn copies_in_message(message: &str) -> Vec<Copy> {
-    let grammar = |b: u8| b.is_ascii_alphanumeric() || b"._:@/-".contains(&b);
-    let reference = |text: &str| -> Option<(String, usize)> {
-        let rest = text.strip_prefix("docker://")?;
-        let end = rest.bytes().position(|b| !grammar(b)).unwrap_or(rest.len());
-        (end > 0).then(|| (rest[..end].to_string(), "docker://".len() + end))
-    };
-    let mut copies = Vec::new();
-    let mut rest = message;
-    while let Some(at) = rest.find(COPY_COMMAND) {
-        rest = &rest[at + COPY_COMMAND.len()..];
-        let Some(after) = rest.strip_prefix(' ') else {
-            continue;
-        };
-        let Some((source, used)) = reference(after) else {
-            continue;
-        };
-        let Some(after_source) = after[used..].strip_prefix(' ') else {
-            continue;
-        };
-        let Some((destination, _)) = reference(after_source) else {
-            continue;
-        };
-        copies.push(Copy {
-            source,
-            destination,
-            warm: None,
-        });
-    }
-    copies
-}
-
-/// Why a copy a report names is not one the policy writes under `policy`, or `None` when it
-/// is. A report's result can be written by anyone who can write reports, so its copy runs only
-/// when it is what the check role writes: the source a reference a rule routes to a mirror (not
-/// excluded, not a mirror image), in its normal form; the destination one of that rule's target
-/// repositories with a tag: the digest's own tag (`sha256-<hex>`) for a copy by digest, the same
-/// tag for a copy by tag (a signature's `sha256-<hex>.sig` is a tag). So a copy never moves a
-/// tag to other content, and never lands where the rules do not route its source.
-pub fn report_copy_problem(copy: &Copy, policy: &Policy) -> Option<String> {
-    let Some(source) = source_image(&copy.source, policy) else {
-        return Some(format!(
-            "no rule of the settings routes {} to a mirror (unmatched, excluded, or a mirror image itself)",
-            copy.source
-        ));
-    };
-    if source.source != copy.source {
-        return Some(format!(
-            "its source {} is not in the form the policy writes ({})",
-            copy.source, source.source
-        ));
-    }
-    let split = copy
-        .destination
-        .rsplit_once(':')
-        .filter(|(repository, tag)| !tag.contains('/') && !repository.contains('@'));
-    let Some((repository, tag)) = split else {
-        return Some(format!(
-            "its destination {} is not a repository and a tag",
-            copy.destination
-        ));
-    };
-    let repositories: Vec<&str> = source.targets.iter().map(|t| t.repository()).collect();
-    if !repositories.contains(&repository) {
-        return Some(format!(
-            "the settings route {} to {}, not {repository}",
-            source.name,
-            repositories.join(" or ")
-        ));
-    }
-    let wanted = match source.targets.first().and_then(|t| t.digest()) {
-        Some(digest) => digest.replacen(':', "-", 1),
-        None => source.source[source.name.len()..]
-            .trim_start_matches(':')
-            .to_string(),
-    };
-    (tag != wanted).then(|| {
-        let by = if source.targets.first().and_then(|t| t.digest()).is_some() {
-            "a copy by digest goes to the digest's own tag"
-        } else {
-            "a copy by tag goes to the same tag"
-        };
-        format!("{by} {wanted}, not {tag}")
-    })
-}
-
 /// Writes on `pod` the record admission writes when no target holds the images `absent` (as
 /// containers name them): the policy's own writer, for the fill job's tests and tools to make
 /// records exactly as the module makes them. Says whether it changed the Pod.
@@ -360,6 +204,8 @@ pub fn write_record(pod: &mut Value, absent: &[&str], policy: &Policy) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::copies::COPY_COMMAND;
+    use super::super::copy::copy_for;
     use super::*;
     use crate::decide::tests::policy_from;
 
@@ -378,94 +224,6 @@ mod tests {
     fn with_record(mut pod: Value, record: Value) -> Value {
         pod["metadata"]["annotations"] = json!({UNMIRRORED_ANNOTATION: record.to_string()});
         pod
-    }
-
-    /// The copies a message names, as the check role writes them in sentences and parentheses;
-    /// a command that is not the policy's form is not read.
-    #[test]
-    fn copies_are_read_out_of_a_message_as_the_check_role_writes_them() {
-        let message = "containers \"web\": image \"m.io/hub/app:1@sha256:aa\" is not in the mirror: it was swapped from \"app:1\": refill the mirror (skopeo copy --all --preserve-digests docker://docker.io/library/app@sha256:aa docker://m.io/hub/library/app:sha256-aa) or roll out; skopeo copy --all docker://x docker://y; skopeo copy --all --preserve-digests docker://docker.io/library/web:2 docker://m.io/hub/library/web:2; roll out.";
-        let copies: Vec<String> = copies_in_message(message)
-            .iter()
-            .map(Copy::to_string)
-            .collect();
-        assert_eq!(
-            copies,
-            [
-                "docker.io/library/app@sha256:aa m.io/hub/library/app:sha256-aa",
-                "docker.io/library/web:2 m.io/hub/library/web:2",
-            ]
-        );
-    }
-
-    /// A report's copy runs only when it is what the check role writes for its source.
-    #[rstest::rstest]
-    #[case::by_tag("docker.io/library/web:2", "m.io/hub/library/web:2", None)]
-    #[case::to_the_second_target("docker.io/library/web:2", "us.m.io/hub/library/web:2", None)]
-    #[case::by_digest_to_its_own_tag(
-        "docker.io/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        "m.io/hub/library/web:sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        None
-    )]
-    #[case::a_signature_tag(
-        "docker.io/library/web:sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.sig",
-        "m.io/hub/library/web:sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.sig",
-        None
-    )]
-    #[case::a_moved_tag(
-        "docker.io/library/web:2",
-        "m.io/hub/library/web:3",
-        Some("a copy by tag goes to the same tag 2, not 3")
-    )]
-    #[case::a_digest_over_a_tag(
-        "docker.io/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        "m.io/hub/library/web:2",
-        Some(
-            "a copy by digest goes to the digest's own tag sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, not 2"
-        )
-    )]
-    #[case::elsewhere(
-        "docker.io/library/web:2",
-        "evil.io/library/web:2",
-        Some(
-            "the settings route docker.io/library/web to m.io/hub/library/web or us.m.io/hub/library/web, not evil.io/library/web"
-        )
-    )]
-    #[case::excluded(
-        "docker.io/library/busybox:1",
-        "m.io/hub/library/busybox:1",
-        Some(
-            "no rule of the settings routes docker.io/library/busybox:1 to a mirror (unmatched, excluded, or a mirror image itself)"
-        )
-    )]
-    #[case::not_normal(
-        "web:2",
-        "m.io/hub/library/web:2",
-        Some("its source web:2 is not in the form the policy writes (docker.io/library/web:2)")
-    )]
-    #[case::no_tag(
-        "docker.io/library/web:2",
-        "m.io/hub/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        Some(
-            "its destination m.io/hub/library/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef is not a repository and a tag"
-        )
-    )]
-    fn a_report_s_copy_is_checked_as_the_policy_writes_it(
-        #[case] source: &str,
-        #[case] destination: &str,
-        #[case] problem: Option<&str>,
-    ) {
-        let policy = policy_from(SETTINGS);
-        let copy = Copy {
-            source: source.to_string(),
-            destination: destination.to_string(),
-            warm: None,
-        };
-        assert_eq!(
-            report_copy_problem(&copy, &policy).as_deref(),
-            problem,
-            "{copy}"
-        );
     }
 
     #[test]
@@ -656,26 +414,5 @@ mod tests {
         );
         assert_eq!(marking_patch(&text, &["other"]), None);
         assert_eq!(marking_patch("not json", &["web"]), None);
-    }
-
-    #[rstest::rstest]
-    #[case::the_form(
-        "skopeo copy --all --preserve-digests docker://a.io/x:1 docker://m.io/x:1",
-        true
-    )]
-    #[case::no_scheme(
-        "skopeo copy --all --preserve-digests a.io/x:1 docker://m.io/x:1",
-        false
-    )]
-    #[case::a_shell_character(
-        "skopeo copy --all --preserve-digests docker://a.io/x:1;rm docker://m.io/x:1",
-        false
-    )]
-    #[case::another_flag(
-        "skopeo copy --all --preserve-digests --remove-signatures docker://a.io/x:1 docker://m.io/x:1",
-        false
-    )]
-    fn only_the_policy_s_copy_form_is_read(#[case] command: &str, #[case] read: bool) {
-        assert_eq!(Copy::parse(command).is_some(), read);
     }
 }

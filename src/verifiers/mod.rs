@@ -8,11 +8,14 @@
 //! Separate from `signatures` because it is the one part of an admission that reads the
 //! cluster rather than a registry, through its own small interface ([`Cluster`]).
 
+mod lenient;
+
 use serde_json::Value;
 
 use crate::glob::Glob;
-use crate::settings::verifier_rules_from;
 use crate::signatures::SignatureRule;
+
+use lenient::verifier_rules_from;
 
 /// The API group and version of Kubewarden's policy kinds.
 pub const POLICIES_API_VERSION: &str = "policies.kubewarden.io/v1";
@@ -241,7 +244,7 @@ pub struct VerifierRead {
 /// of groups of both. Every such policy counts, whatever its mode, rules or selectors say:
 /// verifying an image more than a verifier would only keeps it at its source, where that
 /// verifier then judges it. A verifier's rule this policy cannot read covers the images its
-/// own `image` pattern matches, and only those (`crate::settings::verifier_rules_from`).
+/// own `image` pattern matches, and only those (`lenient::verifier_rules_from`).
 ///
 /// An error, in words that name the kind and the namespace, when a list cannot be read: the
 /// caller then swaps nothing covered, since any image could be covered by the rules it could

@@ -4,14 +4,14 @@
 use serde_json::{Map, Value};
 
 /// The container lists, in the order their images are looked up.
-pub(super) const CONTAINER_LISTS: [&str; 3] =
+pub(crate) const CONTAINER_LISTS: [&str; 3] =
     ["containers", "initContainers", "ephemeralContainers"];
 
-pub(super) fn container_list<'v>(object: &'v Value, list: &str) -> Option<&'v Vec<Value>> {
+pub(crate) fn container_list<'v>(object: &'v Value, list: &str) -> Option<&'v Vec<Value>> {
     object.get("spec")?.get(list)?.as_array()
 }
 
-pub(super) fn container_mut<'v>(
+pub(crate) fn container_mut<'v>(
     object: &'v mut Value,
     list: &str,
     index: usize,
@@ -25,7 +25,7 @@ pub(super) fn container_mut<'v>(
 
 /// Every container of the Pod's three lists, in order, as (name, image); one without either is
 /// skipped.
-pub(super) fn named_images(object: &Value) -> impl Iterator<Item = (&str, &str)> {
+pub(crate) fn named_images(object: &Value) -> impl Iterator<Item = (&str, &str)> {
     CONTAINER_LISTS
         .into_iter()
         .flat_map(|list| container_list(object, list).into_iter().flatten())
@@ -37,7 +37,7 @@ pub(super) fn named_images(object: &Value) -> impl Iterator<Item = (&str, &str)>
         })
 }
 
-pub(super) fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
+pub(crate) fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
     object
         .get("metadata")?
         .get("annotations")?
@@ -46,7 +46,7 @@ pub(super) fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
 }
 
 /// The object under `key`, made an empty object when it is missing or not an object.
-pub(super) fn object_entry<'m>(
+pub(crate) fn object_entry<'m>(
     map: &'m mut Map<String, Value>,
     key: &str,
 ) -> Option<&'m mut Map<String, Value>> {
