@@ -476,11 +476,21 @@ fn main_is_a_release_nothing_waits_unreleased() {
         "CHANGELOG.md's newest section is {newest}, the crates say {version}"
     );
     let dated = date.len() == 10
-        && date
-            .char_indices()
-            .all(|(i, c)| if i == 4 || i == 7 { c == '-' } else { c.is_ascii_digit() });
-    assert!(dated, "CHANGELOG.md's section {version} has no date (YYYY-MM-DD): {newest}");
-    assert!(*entries > 0, "CHANGELOG.md's section {version} lists no change");
+        && date.char_indices().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                c == '-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
+    assert!(
+        dated,
+        "CHANGELOG.md's section {version} has no date (YYYY-MM-DD): {newest}"
+    );
+    assert!(
+        *entries > 0,
+        "CHANGELOG.md's section {version} lists no change"
+    );
 }
 
 /// The guard above reads what it should: entries under [Unreleased] are counted, an undated or
