@@ -5,32 +5,22 @@
 # plane, and prints TOOLS_DIR. The tests and `make e2e-tests` use them from there.
 #
 # Where they come from: SHARED_TOOLS when set (only there), else ../shared/tools beside this
-# checkout, else the workplace's /work/shared/tools. Where none is, it says how to get the tools
-# and exits 3: `make test` then runs without them (each test that needs one says it did not
-# run), and CI (CI=true) fails. `SHARED_TOOLS=/none TOOLS_DIR=/tmp/none make test` is a machine
-# without them.
+# checkout, and nowhere else (no path of one machine). Where neither is, tools already unpacked
+# in TOOLS_DIR are used; else it says how to get them and exits 3: `make test` then runs without
+# them (each test that needs one says it did not run), and CI (CI=true) fails.
+# `SHARED_TOOLS=/none TOOLS_DIR=/tmp/none make test` is a machine without them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest=${TOOLS_DIR:-$HOME/.cache/image-swapper-tools}
-if [[ -n ${SHARED_TOOLS+set} ]]; then
-  candidates=("$SHARED_TOOLS")
-else
-  candidates=("$root/../shared/tools" /work/shared/tools)
-fi
-shared=
-for candidate in "${candidates[@]}"; do
-  if [[ -x $candidate/unpack.sh ]]; then
-    shared=$candidate
-    break
-  fi
-done
-if [[ -z $shared ]]; then
+shared=${SHARED_TOOLS-$root/../shared/tools}
+if [[ ! -x $shared/unpack.sh ]]; then
   if [[ -x $dest/bin/kwctl && -x $dest/bin/policy-server ]]; then
     echo "$dest"
     exit 0
   fi
   cat >&2 <<EOF
-real-tools: no tools folder (SHARED_TOOLS, ../shared/tools): the tests that need kwctl,
+real-tools: no tools folder ($shared: SHARED_TOOLS, else ../shared/tools beside the checkout)
+and none unpacked in $dest (TOOLS_DIR): the tests that need kwctl,
 policy-server or kube-apiserver will say they did not run. To run them, put in $dest/bin:
 kwctl and policy-server (https://github.com/kubewarden/kubewarden-controller/releases; policy-server
 is also in ghcr.io/kubewarden/policy-server), kube-apiserver and kube-controller-manager

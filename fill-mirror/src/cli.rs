@@ -34,7 +34,7 @@ pub enum Mode {
         #[command(flatten)]
         copying: Copying,
         /// Takes the watch's Lease for the run: while a watch replica holds it, the watch
-        /// copies and this run does nothing (exit 0).
+        /// copies and this run does nothing (exit 0); a run that loses it stops (exit 1).
         #[command(flatten)]
         election: Election,
     },
@@ -77,7 +77,8 @@ pub struct Election {
     /// The Lease the replicas elect the copier with (in the client's namespace).
     #[arg(long, default_value = "fill-mirror")]
     pub lease: String,
-    /// How long a Lease not renewed holds, in seconds; it is renewed every third of that.
+    /// How long a Lease not renewed holds, in seconds (at least 3): the leader renews it every
+    /// fifth of that and stops leading after two thirds without a renewal.
     #[arg(long, default_value_t = 15)]
     pub lease_duration: u64,
     /// This replica's name in the Lease (default: the host name, the Pod's name).

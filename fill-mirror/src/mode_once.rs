@@ -8,6 +8,7 @@ use tokio::sync::Notify;
 
 use crate::board::{Backoff, Board};
 use crate::cli::{Copying, Election, Input};
+use crate::leader::Ended;
 use crate::metrics::{Health, Metrics};
 use crate::runner::{Runner, Totals};
 use crate::{leader, source, watch};
@@ -110,51 +111,48 @@ pub async fn once(input: Input, copying: Copying, election: Election) -> anyhow:
     // From the cluster, the run takes the watch's Lease, so that no copy is made beside a
     // watch replica that copies the same.
     let elector = match &client {
-        Some(client) if !election.no_election => {
-            let elector = leader::Elector::new(
-                client.clone(),
-                client.default_namespace(),
-                &election.lease,
-                election.identity.clone().map_or_else(
-                    || format!("fill-mirror-once-{}", std::process::id()),
-                    |id| format!("{id}-once"),
-                ),
-                Duration::from_secs(election.lease_duration.max(3)),
-                Arc::new(Metrics::default()),
-            );
-            if !elector.round().await? {
-                let holder = elector.holder().await.unwrap_or_default();
-                println!(
-                    "fill-mirror: the Lease {} is held by {holder}: the watch copies and marks, nothing done",
-                    election.lease
-                );
-                return Ok(0);
-            }
-            Some(Arc::new(elector))
-        }
-        _ => None,
+        Some(client) if !election.no_election => Arc::new(leader::Elector::new(
+            client.clone(),
+            client.default_namespace(),
+            &election.lease,
+            election.identity.clone().map_or_else(
+                || format!("fill-mirror-once-{}", std::process::id()),
+                |id| format!("{id}-once"),
+            ),
+            leader::Timing::for_duration(election.lease_duration),
+            Arc::new(Metrics::default()),
+        )),
+        _ => return Ok(copy_once(read, copying, None).await?.1),
     };
-    let renewing = elector.clone().map(|elector| {
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(elector.duration / 3).await;
-                if let Err(error) = elector.round().await {
-                    tracing::warn!(%error, "cannot renew the Lease");
-                }
-            }
-        })
-    });
-    let status = copy_once(read, copying).await;
-    if let Some(renewing) = renewing {
-        renewing.abort();
+    if let Some(holder) = elector.take_for_run().await? {
+        println!(
+            "fill-mirror: the Lease {} is held by {holder}: the watch copies and marks, nothing done",
+            election.lease
+        );
+        return Ok(0);
     }
-    if let Some(elector) = elector {
-        elector.release().await;
+    // Renewed while the run copies; lost, the run stops copying and marking at once.
+    let keeping = tokio::spawn(elector.clone().run());
+    let copied = copy_once(read, copying, Some(elector.leading())).await;
+    keeping.abort();
+    let _ = keeping.await;
+    elector.release().await;
+    let (ended, status) = copied?;
+    if ended == Ended::LostLease {
+        let holder = elector.holder().await.unwrap_or_else(|| "no one".into());
+        println!(
+            "fill-mirror: lost the Lease {} (held by {holder} now): stopped copying and marking",
+            election.lease
+        );
     }
-    status
+    Ok(status)
 }
 
-async fn copy_once(read: Read, copying: Copying) -> anyhow::Result<u8> {
+async fn copy_once(
+    read: Read,
+    copying: Copying,
+    leading: Option<tokio::sync::watch::Receiver<bool>>,
+) -> anyhow::Result<(Ended, u8)> {
     let refused = notes(&read);
     let metrics = Arc::new(Metrics::default());
     for _ in 0..refused {
@@ -176,11 +174,11 @@ async fn copy_once(read: Read, copying: Copying) -> anyhow::Result<u8> {
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),
         client: read.client,
-        leading: None,
+        leading,
         period: Duration::MAX,
         totals: Totals::default(),
     };
-    runner.run_until_idle().await;
+    let ended = runner.run_until_idle().await;
     let t = &runner.totals;
     println!(
         "fill-mirror: {} copied, {} failed, {} skipped, {} gone, {} refused, {} marked",
@@ -191,5 +189,8 @@ async fn copy_once(read: Read, copying: Copying) -> anyhow::Result<u8> {
         refused + t.refused,
         t.marked
     );
-    Ok(if t.failed > 0 { 1 } else { 0 })
+    // A run that lost the Lease exits 1, as one whose copy failed: what it did not make is for
+    // whoever leads now, or the next run.
+    let failed = t.failed > 0 || ended == Ended::LostLease;
+    Ok((ended, u8::from(failed)))
 }

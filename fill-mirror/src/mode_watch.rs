@@ -41,7 +41,7 @@ pub async fn watch(
         .map(source::policy_from_file)
         .transpose()?;
     let metrics = Arc::new(Metrics::default());
-    let leading = if election.no_election {
+    let elector = if election.no_election {
         metrics.leader.set(1);
         None
     } else {
@@ -49,18 +49,17 @@ pub async fn watch(
             .identity
             .clone()
             .unwrap_or_else(|| format!("fill-mirror-{}", std::process::id()));
-        let elector = leader::Elector::new(
+        Some(Arc::new(leader::Elector::new(
             client.clone(),
             client.default_namespace(),
             &election.lease,
             identity,
-            Duration::from_secs(election.lease_duration.max(3)),
+            leader::Timing::for_duration(election.lease_duration),
             metrics.clone(),
-        );
-        let leading = elector.leading.clone();
-        tokio::spawn(elector.run());
-        Some(leading)
+        )))
     };
+    let leading = elector.as_ref().map(|elector| elector.leading());
+    let electing = elector.clone().map(|elector| tokio::spawn(elector.run()));
     let health = Arc::new(Health::default());
     health.beat();
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -105,12 +104,25 @@ pub async fn watch(
         period: timing.period,
         totals: Totals::default(),
     };
+    let stop = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminated() => {}
+        }
+        tracing::info!("stopping");
+    };
     tokio::select! {
-        () = runner.run() => {}
+        () = runner.run(stop) => {}
         _ = watching => anyhow::bail!("the watch ended"),
         served = server => anyhow::bail!("the metrics server ended: {served:?}"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
-        () = terminated() => tracing::info!("stopping"),
+    }
+    // The copies under way have stopped (the runner waited for its jobs, skopeo killed with
+    // them); the renewals stop next, then the Lease is given up, so that the standby takes it
+    // at its next try rather than after the whole duration (a rolling update, a drain).
+    if let (Some(electing), Some(elector)) = (electing, elector) {
+        electing.abort();
+        let _ = electing.await;
+        elector.release().await;
     }
     Ok(0)
 }

@@ -2,7 +2,6 @@
 //! ended, and sends the marks the mirror now allows (a bounded number at once), keeping the
 //! metrics in step.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,11 +10,12 @@ use image_swapper_policy::plan::Copy;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
 use crate::attached::{self, Carried};
 use crate::board::{Board, Mark, MarkResult, Outcome};
+use crate::leader::{Ended, leadership_changed, lost};
 use crate::metrics::{Health, Metrics, RegistryLabel};
 use crate::referrers::Referrers;
 use crate::skopeo::Skopeo;
@@ -47,8 +47,9 @@ pub struct Runner {
     pub wake: Arc<Notify>,
     /// The client marks are sent with; none: nothing is marked (a dry look).
     pub client: Option<kube::Client>,
-    /// Set while this replica holds the Lease; none: no election, it always copies.
-    pub leading: Option<Arc<AtomicBool>>,
+    /// Whether this replica holds the Lease, as it changes; none: no election, it always
+    /// copies. A copy under way when it turns false stops, and is queued again.
+    pub leading: Option<watch::Receiver<bool>>,
     /// How often the board is refreshed (`Board::refresh`).
     pub period: Duration,
     pub totals: Totals,
@@ -61,17 +62,29 @@ pub fn lock(board: &Mutex<Board>) -> MutexGuard<'_, Board> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A job that ended: a copy (the board's), or what travelled with one.
+/// A job that ended: a copy (the board's), or what travelled with one, or a copy stopped
+/// unfinished because this replica no longer leads.
 enum Finished {
     Copy(Copy, Outcome, Duration),
     Carried(Copy, Vec<Carried>),
+    Stopped(Copy),
 }
 
 impl Runner {
-    /// Runs until the board is idle and every mark it allows is sent (the one-shot run).
-    pub async fn run_until_idle(&mut self) {
+    /// Runs until the board is idle and every mark it allows is sent (the one-shot run), or
+    /// until it loses the Lease: then the copies under way stop, and nothing is marked.
+    pub async fn run_until_idle(&mut self) -> Ended {
         let mut running = JoinSet::new();
         loop {
+            if !self.leads() {
+                while let Some(joined) = running.join_next().await {
+                    if let Ok(done) = joined {
+                        self.finished(done, &mut running);
+                    }
+                }
+                self.gauges();
+                return Ended::LostLease;
+            }
             self.start(&mut running);
             if running.is_empty() {
                 self.mark().await;
@@ -84,27 +97,35 @@ impl Runner {
                     .map_or(Duration::from_millis(100), |at| {
                         at.saturating_duration_since(Instant::now())
                     });
-                tokio::time::sleep(wait).await;
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = leadership_changed(&mut self.leading) => {}
+                }
                 continue;
             }
             if let Some(Ok(done)) = running.join_next().await {
                 self.finished(done, &mut running);
             }
-            self.mark().await;
+            if self.leads() {
+                self.mark().await;
+            }
         }
         self.gauges();
+        Ended::Idle
     }
 
     fn leads(&self) -> bool {
         self.leading
             .as_ref()
-            .is_none_or(|leading| leading.load(Ordering::SeqCst))
+            .is_none_or(|leading| *leading.borrow())
     }
 
-    /// Runs for ever (the watch). Copies start and marks go only while this replica leads; a
-    /// replica that does not lead keeps its board in step, ready to take over.
-    pub async fn run(&mut self) {
+    /// Runs until `stop` (the watch). Copies start and marks go only while this replica leads;
+    /// a replica that does not lead keeps its board in step, ready to take over. Stopped, it
+    /// returns once every job has ended.
+    pub async fn run(&mut self, stop: impl Future<Output = ()>) {
         let mut running = JoinSet::new();
+        let mut stop = std::pin::pin!(stop);
         let mut refreshed = Instant::now();
         loop {
             self.health.beat();
@@ -132,7 +153,12 @@ impl Runner {
                     }
                 }
                 () = self.wake.notified() => {}
+                () = leadership_changed(&mut self.leading) => {}
                 () = tokio::time::sleep(wait) => {}
+                () = &mut stop => {
+                    running.shutdown().await;
+                    return;
+                }
             }
             if self.leads() {
                 self.mark().await;
@@ -155,15 +181,25 @@ impl Runner {
             .collect();
         drop(board);
         for (copy, signs) in started {
-            let engine = self.engine.clone();
+            let (engine, leading) = (self.engine.clone(), self.leading.clone());
             running.spawn(async move {
                 let began = Instant::now();
-                let outcome = match (&copy.warm, &signs) {
-                    (Some(warm), _) => engine.warm(&copy, warm).await,
-                    (None, Some(signs)) => attached::copy_signature(&engine, &copy, signs).await,
-                    (None, None) => engine.copy(&copy).await,
+                let copying = async {
+                    match (&copy.warm, &signs) {
+                        (Some(warm), _) => engine.warm(&copy, warm).await,
+                        (None, Some(signs)) => {
+                            attached::copy_signature(&engine, &copy, signs).await
+                        }
+                        (None, None) => engine.copy(&copy).await,
+                    }
                 };
-                Finished::Copy(copy, outcome, began.elapsed())
+                // The Lease lost: the copy stops (skopeo killed with its future); checked first,
+                // so that a copy started as the Lease was lost never starts skopeo.
+                tokio::select! {
+                    biased;
+                    () = lost(leading) => Finished::Stopped(copy),
+                    outcome = copying => Finished::Copy(copy, outcome, began.elapsed()),
+                }
             });
         }
     }
@@ -172,6 +208,14 @@ impl Runner {
         let (copy, outcome, took) = match done {
             Finished::Copy(copy, outcome, took) => (copy, outcome, took),
             Finished::Carried(copy, carried) => return self.carried(&copy, carried),
+            Finished::Stopped(copy) => {
+                // Queued again (after `--retry`) for when this replica leads again; not a
+                // result: no metric, no total.
+                let stopped = Outcome::Failed("stopped: this replica lost the Lease".into());
+                lock(&self.board).finished(&copy, &stopped, Instant::now());
+                tracing::info!(source = %copy.source, destination = %copy.destination, "copy stopped: this replica lost the Lease");
+                return;
+            }
         };
         let waits = lock(&self.board).finished(&copy, &outcome, Instant::now());
         self.metrics.counted(outcome.label());
@@ -201,12 +245,16 @@ impl Runner {
                 drop(board);
                 // What travels with the image, as a job of its own after the image's (so the
                 // record's mark does not wait for it), in the same `--jobs` room.
-                if image {
+                if image && self.leads() {
                     let (engine, referrers, copy) =
                         (self.engine.clone(), self.referrers.clone(), copy.clone());
+                    let leading = self.leading.clone();
                     running.spawn(async move {
-                        let carried = attached::carry(&engine, &referrers, &copy).await;
-                        Finished::Carried(copy, carried)
+                        tokio::select! {
+                            biased;
+                            () = lost(leading) => Finished::Carried(copy, Vec::new()),
+                            carried = attached::carry(&engine, &referrers, &copy) => Finished::Carried(copy, carried),
+                        }
                     });
                 }
             }

@@ -50,7 +50,10 @@ pub fn find_tools(test: &str) -> Option<PathBuf> {
     if std::env::var("CI").is_ok_and(|ci| ci == "true") {
         panic!("{test}: the real tools are required in CI: {how}");
     }
-    eprintln!("SKIPPED {test}: did not run: {how}");
+    // Straight to stderr, past the test harness's capture (it takes only the print macros'
+    // output), so that a passing run still shows what did not run.
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: did not run: {how}");
     None
 }
 
@@ -190,16 +193,27 @@ impl ControlPlane {
             "/../scripts/kubewarden-crds/policies.kubewarden.io_clusteradmissionpolicies.yaml"
         );
         self.kubectl(&["apply", "-f", crd], None);
-        self.kubectl(
-            &[
-                "wait",
-                "--for",
-                "condition=established",
-                "--timeout=60s",
-                "crd/clusteradmissionpolicies.policies.kubewarden.io",
-            ],
-            None,
-        );
+        // `kubectl wait` fails at once on a CRD whose status has no conditions yet ("accessor
+        // error: <nil>"): asked again until it waits.
+        let started = std::time::Instant::now();
+        loop {
+            let waited = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["wait", "--for", "condition=established", "--timeout=60s"])
+                .arg("crd/clusteradmissionpolicies.policies.kubewarden.io")
+                .output()
+                .expect("kubectl wait");
+            if waited.status.success() {
+                return;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "kubectl wait for the CRD: {}",
+                String::from_utf8_lossy(&waited.stderr)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 
     /// The swapping policy `name` with `settings`.
