@@ -5,15 +5,22 @@
 //! every push, so a copy where a warming belongs fails, and an image the cache holds once its
 //! upstream is stopped is one the warming made it fetch: pulled whole from the cache with the
 //! upstream gone, every platform's manifest and every layer, as a node would pull it.
+//!
+//! A warming pulls the platforms the nodes run (`--nodes`, as `kubectl get nodes -o json`
+//! writes them) and writes nothing: the runs that show it have a read-only TMPDIR. What the
+//! cache asked its upstream is read from the latency proxy between them.
 
 mod rig;
 
-use std::time::Duration;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use rig::images::{Image, Index};
+use rig::images::{DOCKER_MANIFEST, Image, Index};
 use rig::proxy::LatencyProxy;
 use rig::pull_through::TagFilledCache;
-use rig::registry::TestRegistry;
+use rig::read_only::run_with_read_only_tmpdir;
+use rig::registry::{TestRegistry, sha256};
 use rig::{policy, recorded_pod, run, text, write_json};
 use serde_json::{Value, json};
 
@@ -22,8 +29,8 @@ const AWAY: Duration = Duration::from_millis(20);
 
 struct Chain {
     upstream: TestRegistry,
-    /// Kept: the cache reaches its upstream through it.
-    _far: LatencyProxy,
+    /// The cache reaches its upstream through it; it saw every request.
+    far: LatencyProxy,
     cache: TestRegistry,
     dir: tempfile::TempDir,
 }
@@ -35,7 +42,7 @@ impl Chain {
         let cache = TestRegistry::start_proxy(&format!("{name}-cache"), &far.host).expect("cache");
         Chain {
             upstream,
-            _far: far,
+            far,
             cache,
             dir: tempfile::tempdir().expect("dir"),
         }
@@ -54,6 +61,18 @@ impl Chain {
 
     /// `fill-mirror ARGS --pods --settings` over Pods recorded as lacking `images`, one each.
     fn fill(&self, mode: &str, settings: &Value, images: &[&str]) -> (Option<i32>, String) {
+        self.fill_with(mode, settings, images, &[], None)
+    }
+
+    /// [`Chain::fill`] with more arguments, and TMPDIR a read-only folder when one is given.
+    fn fill_with(
+        &self,
+        mode: &str,
+        settings: &Value,
+        images: &[&str],
+        more: &[&str],
+        read_only_tmpdir: Option<&Path>,
+    ) -> (Option<i32>, String) {
         let policy = policy(settings);
         let items: Vec<Value> = images
             .iter()
@@ -73,7 +92,11 @@ impl Chain {
         if mode == "once" {
             args.push("--insecure");
         }
-        let output = run(&args);
+        args.extend(more);
+        let output = match read_only_tmpdir {
+            Some(tmpdir) => run_with_read_only_tmpdir(&args, tmpdir),
+            None => run(&args),
+        };
         (
             output.status.code(),
             format!("{}{}", text(&output.stdout), text(&output.stderr)),
@@ -99,6 +122,108 @@ impl Chain {
             Err(text(&output.stderr))
         }
     }
+
+    /// Whether the cache serves `image`'s `architecture` (Linux) whole, as a node of it pulls:
+    /// skopeo picks that platform's manifest out of the index, then its config and layers.
+    fn pulls_platform(&self, image: &str, architecture: &str) -> Result<(), String> {
+        let into = self.dir.path().join(format!(
+            "pulled-{architecture}-{}",
+            image.replace(['/', ':', '@'], "-")
+        ));
+        let output = std::process::Command::new("skopeo")
+            .args(["--override-os", "linux", "--override-arch", architecture])
+            .args(["copy", "--src-tls-verify=false"])
+            .arg(format!("docker://{}/{image}", self.cache.host))
+            .arg(format!("dir:{}", into.display()))
+            .output()
+            .expect("skopeo");
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(text(&output.stderr))
+        }
+    }
+
+    /// How many times the cache asked its upstream for the blob `digest` of `repository`.
+    fn upstream_blob_gets(&self, repository: &str, digest: &str) -> usize {
+        let asked = format!("GET /v2/{repository}/blobs/{digest}");
+        self.far
+            .seen()
+            .iter()
+            .filter(|seen| **seen == asked)
+            .count()
+    }
+
+    /// Waits (up to 10 s) until the cache's storage holds the blobs `digests`. Distribution's
+    /// proxy stores a blob it serves from its upstream on a goroutine of its own, beside the
+    /// answer (`ServeBlob` in registry/proxy/proxyblobstore.go), so it can land just after the
+    /// warming's GET ended.
+    fn wait_until_stored(&self, digests: &[String]) {
+        let data = |digest: &String| {
+            let hex = digest.trim_start_matches("sha256:");
+            self.cache
+                .storage()
+                .join("docker/registry/v2/blobs/sha256")
+                .join(&hex[..2])
+                .join(hex)
+                .join("data")
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !digests.iter().all(|d| data(d).exists()) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A Node as `kubectl get nodes -o json` writes it: its platform in its status, or (a node
+/// just registered) in its labels only.
+fn node(name: &str, os: &str, architecture: &str, in_status: bool) -> Value {
+    let mut node = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": os, "kubernetes.io/arch": architecture}},
+    });
+    if in_status {
+        node["status"] = json!({"nodeInfo": {
+            "architecture": architecture, "operatingSystem": os, "bootID": "b", "containerRuntimeVersion": "containerd://2.1.4",
+            "kernelVersion": "6.1.0", "kubeProxyVersion": "", "kubeletVersion": "v1.36.0", "machineID": "m",
+            "osImage": "Debian GNU/Linux 12 (bookworm)", "systemUUID": "u"}});
+    }
+    node
+}
+
+/// Pushes `images` and an index over them under `repository:tag`: OCI's image index, or
+/// Docker's manifest list (of Docker v2 manifests).
+fn push_multi_arch(
+    registry: &TestRegistry,
+    repository: &str,
+    tag: &str,
+    images: &[Image],
+    docker: bool,
+) -> String {
+    if !docker {
+        return Index::new(images.to_vec()).push(registry, repository, tag);
+    }
+    const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    let manifests: Vec<Value> = images
+        .iter()
+        .map(|image| {
+            image.push(registry, repository, None);
+            json!({
+                "mediaType": DOCKER_MANIFEST,
+                "digest": image.digest(),
+                "size": image.manifest.len(),
+                "platform": {"os": image.os, "architecture": image.architecture},
+            })
+        })
+        .collect();
+    let list = serde_json::to_vec(
+        &json!({"schemaVersion": 2, "mediaType": DOCKER_LIST, "manifests": manifests}),
+    )
+    .expect("list JSON");
+    registry
+        .push_manifest(repository, tag, DOCKER_LIST, &list)
+        .expect("push the manifest list")
 }
 
 #[test]
@@ -116,6 +241,10 @@ fn a_pull_through_cache_is_warmed_by_tag_and_holds_the_image_once_its_upstream_i
 
     let (listed, words) = chain.fill("list", &settings, &[&by_tag, &by_pin]);
     assert_eq!(listed, Some(0), "{words}");
+    assert!(
+        words.contains("warmed with the platforms the nodes run: every platform (read from files, and no --nodes given)"),
+        "{words}"
+    );
     assert!(
         words.contains(&format!(
             "{by_tag} {}/team/web:1 warmed by a pull of {}/team/web:1",
@@ -264,4 +393,120 @@ fn without_the_mark_a_cache_is_pushed_to_and_refuses() {
 
     assert_ne!(status, Some(0), "{words}");
     assert!(words.contains("0 copied, 1 failed"), "{words}");
+}
+
+/// A multi-arch image on nodes of one platform: `list` says which, the warming pulls that
+/// platform's manifest, config and layer through the cache and not the other's, writes nothing
+/// (TMPDIR read-only), and the cache serves that platform whole with its upstream gone.
+#[rstest::rstest]
+#[case::an_oci_index("oci-index", false)]
+#[case::a_docker_manifest_list("docker-list", true)]
+fn a_multi_arch_image_is_warmed_with_the_nodes_platform_only_and_nothing_written(
+    #[case] name: &str,
+    #[case] docker: bool,
+) {
+    let mut chain = Chain::start(name);
+    let images: Vec<Image> = ["linux/amd64", "linux/arm64"]
+        .iter()
+        .map(|platform| {
+            let image = Image::new("web", platform);
+            if docker { image.as_docker_v2() } else { image }
+        })
+        .collect();
+    let index = push_multi_arch(&chain.upstream, "team/web", "1", &images, docker);
+    let (amd64, arm64) = (&images[0], &images[1]);
+    let image = format!("{}/team/web:1", chain.upstream.host);
+    let nodes = chain.dir.path().join("nodes.json");
+    write_json(
+        &nodes,
+        &json!({"apiVersion": "v1", "kind": "List", "items": [
+            node("a", "linux", "amd64", true),
+            node("b", "linux", "amd64", false),
+        ]}),
+    );
+    let nodes = nodes.display().to_string();
+    let settings = chain.settings(true);
+
+    let (listed, words) = chain.fill_with("list", &settings, &[&image], &["--nodes", &nodes], None);
+    assert_eq!(listed, Some(0), "{words}");
+    assert!(
+        words.contains("warmed with the platforms the nodes run: linux/amd64 (2 nodes)"),
+        "{words}"
+    );
+
+    let tmpdir = tempfile::tempdir().expect("a temporary folder");
+    let (status, words) = chain.fill_with(
+        "once",
+        &settings,
+        &[&image],
+        &["--nodes", &nodes],
+        Some(tmpdir.path()),
+    );
+    assert_eq!(status, Some(0), "{words}");
+    assert!(words.contains("fill-mirror: 1 copied, 0 failed"), "{words}");
+
+    let wanted = [amd64.config_digest(), sha256(&amd64.layer)];
+    for digest in &wanted {
+        assert!(
+            chain.upstream_blob_gets("team/web", digest) > 0,
+            "the cache never asked its upstream for {digest}: {:#?}",
+            chain.far.seen()
+        );
+    }
+    for digest in [arm64.config_digest(), sha256(&arm64.layer)] {
+        assert_eq!(
+            chain.upstream_blob_gets("team/web", &digest),
+            0,
+            "arm64's {digest} was pulled for amd64 nodes: {:#?}",
+            chain.far.seen()
+        );
+    }
+    chain.wait_until_stored(&wanted);
+    chain.upstream.stop();
+    assert_eq!(chain.cache.digest_of("team/web", "1"), Some(index));
+    assert_eq!(chain.pulls_platform("team/web:1", "amd64"), Ok(()));
+    assert!(
+        chain.pulls_platform("team/web:1", "arm64").is_err(),
+        "the cache serves arm64, which no node runs"
+    );
+}
+
+/// What the warming checks in the cache's answers: a layer whose bytes are not the digest's
+/// (altered, or cut short with a length that agrees) fails it, and a 429 TOOMANYREQUESTS is
+/// throttling. A front between fill-mirror and the cache answers those requests itself.
+#[rstest::rstest]
+#[case::a_layer_altered("altered", "not the content named")]
+#[case::a_layer_cut_short("cut", "bytes came of the")]
+#[case::the_manifest_throttled("throttled", "429 TOOMANYREQUESTS")]
+fn a_cache_s_bad_answer_fails_the_warming(#[case] bad: &'static str, #[case] words: &str) {
+    let chain = Chain::start(&format!("bad-{bad}"));
+    let web = Image::new("web", "linux/amd64");
+    web.push(&chain.upstream, "team/web", Some("1"));
+    let layer_path = format!("/v2/team/web/blobs/{}", sha256(&web.layer));
+    let layer = text(&web.layer);
+    let (front, stop) =
+        rig::front::relay("bad cache", &chain.cache.host, move |method, url| {
+            match (bad, method, url) {
+                ("altered", "GET", url) if url == layer_path => Some((200, layer.to_uppercase())),
+                ("cut", "GET", url) if url == layer_path => {
+                    Some((200, layer[..layer.len() / 2].to_string()))
+                }
+                ("throttled", "GET", "/v2/team/web/manifests/1") => Some((
+                    429,
+                    r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"slow down"}]}"#.to_string(),
+                )),
+                _ => None,
+            }
+        })
+        .expect("a front");
+    let settings = json!({"mirrors": [
+        {"source": chain.upstream.host, "target": front, "pullThrough": true}]});
+    let image = format!("{}/team/web:1", chain.upstream.host);
+
+    let (status, said) = chain.fill("once", &settings, &[&image]);
+    stop.store(true, Ordering::Relaxed);
+
+    assert_eq!(status, Some(1), "{said}");
+    assert!(said.contains("fill-mirror: 0 copied, 1 failed"), "{said}");
+    assert!(said.contains(words), "{said}");
 }

@@ -30,6 +30,7 @@ pub mod api_proxy;
 pub mod check;
 pub mod hub;
 pub mod plane;
+pub mod read_only;
 
 use std::path::Path;
 use std::process::{Command, Output};
