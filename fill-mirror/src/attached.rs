@@ -9,9 +9,9 @@
 
 use image_swapper_policy::plan::Copy;
 use image_swapper_policy::reference::Reference;
-use sha2::{Digest, Sha256};
 
 use crate::board::Outcome;
+use crate::digest::digest_of;
 use crate::referrers::{Referrers, index_digests};
 use crate::skopeo::Skopeo;
 
@@ -23,11 +23,6 @@ pub const COSIGN_SUFFIXES: [&str; 3] = ["sig", "att", "sbom"];
 pub struct Carried {
     pub destination: String,
     pub outcome: Outcome,
-}
-
-/// `sha256:<hex>` of `bytes`.
-pub fn digest_of(bytes: &[u8]) -> String {
-    format!("sha256:{:x}", Sha256::digest(bytes))
 }
 
 /// `sha256:<hex>` -> `sha256-<hex>`: the tag schema's name for a digest, the base of cosign's

@@ -6,8 +6,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::credentials;
-use crate::referrers;
+use crate::platforms::Nodes;
+use crate::referrers::Referrers;
+use crate::registry_http::RegistryHttp;
 use crate::skopeo::Skopeo;
+use crate::warm::Warmer;
 
 #[derive(Parser)]
 #[command(
@@ -104,6 +107,11 @@ pub struct Input {
     /// clusterpolicyreports) output instead of the cluster.
     #[arg(long)]
     pub reports: Vec<String>,
+    /// Nodes from `kubectl get nodes -o json` output instead of the cluster: their platforms
+    /// are the ones a pull-through cache is warmed with (with --pods and none of these, every
+    /// platform).
+    #[arg(long)]
+    pub nodes: Vec<String>,
     #[command(flatten)]
     pub check: Check,
 }
@@ -143,7 +151,17 @@ impl Copying {
         })
     }
 
-    pub fn referrers(&self, engine: &Skopeo) -> anyhow::Result<referrers::Referrers> {
-        referrers::Referrers::new(engine.access.clone())
+    /// The referrers' client and the warming, on one HTTP client with the engine's access;
+    /// the warming pulls the platforms `nodes` run.
+    pub fn registry_clients(
+        &self,
+        engine: &Skopeo,
+        nodes: Nodes,
+    ) -> anyhow::Result<(Referrers, Warmer)> {
+        let http = RegistryHttp::new(engine.access.clone())?;
+        Ok((
+            Referrers::new(http.clone()),
+            Warmer::new(http, nodes, Duration::from_secs(self.copy_timeout)),
+        ))
     }
 }

@@ -143,24 +143,28 @@ impl Drop for Access {
     }
 }
 
-/// A folder only this user can read, under the temporary folder (an emptyDir in the Pod: the
-/// root file system is read-only).
-fn private_folder() -> anyhow::Result<PathBuf> {
+/// The name of a folder only this user will read, under the temporary folder (an emptyDir in
+/// the Pod: the root file system is read-only).
+fn private_folder_name() -> PathBuf {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
-    let folder = std::env::temp_dir().join(format!("fill-mirror-{}-{nanos}", std::process::id()));
+    std::env::temp_dir().join(format!("fill-mirror-{}-{nanos}", std::process::id()))
+}
+
+/// Makes the private folder (mode 0700), only when there is something to write in it (an auth
+/// file, certificates): a run with neither writes nothing at all.
+fn make_private(folder: &std::path::Path) -> anyhow::Result<()> {
     std::fs::DirBuilder::new()
         .mode(0o700)
-        .create(&folder)
-        .with_context(|| format!("cannot make the private folder {}", folder.display()))?;
-    Ok(folder)
+        .create(folder)
+        .with_context(|| format!("cannot make the private folder {}", folder.display()))
 }
 
 impl Access {
     pub async fn new(args: &AccessArgs, insecure: bool) -> anyhow::Result<Access> {
-        let folder = private_folder()?;
+        let folder = private_folder_name();
         let mut access = Access {
             insecure,
             sources: Sources::default(),
@@ -171,6 +175,7 @@ impl Access {
             folder: folder.clone(),
         };
         if let Some(path) = &args.sources_path {
+            make_private(&folder)?;
             access.sources = Sources::load(path, &folder.join("certs"))?;
         }
         if !args.ecr_registries.is_empty() {
@@ -193,6 +198,9 @@ impl Access {
         if args.auth_file.is_some() || !access.ecr.is_empty() || !args.gar_registries.is_empty() {
             if let Some(user_file) = &args.auth_file {
                 read_user_file(user_file)?;
+            }
+            if !folder.exists() {
+                make_private(&folder)?;
             }
             let metadata = std::env::var("GCE_METADATA_HOST")
                 .ok()

@@ -10,14 +10,18 @@ mod board;
 mod cli;
 mod coverage;
 mod credentials;
+mod digest;
 mod leader;
 mod metrics;
 mod mode_once;
 mod mode_watch;
+mod platforms;
 mod referrers;
+mod registry_http;
 mod runner;
 mod skopeo;
 mod source;
+mod warm;
 mod watch;
 
 use std::process::ExitCode;

@@ -10,6 +10,7 @@ use crate::board::{Backoff, Board};
 use crate::cli::{Copying, Election, Input};
 use crate::leader::Ended;
 use crate::metrics::{Health, Metrics};
+use crate::platforms::{Known, Nodes, known_in_cluster, nodes_from_files};
 use crate::runner::{Runner, Totals};
 use crate::{leader, source, watch};
 
@@ -20,13 +21,25 @@ type Records = Vec<(
 )>;
 
 /// What one pass reads: the Pods' records, the copies the check role's reports name (and the
-/// notes of what they name that is refused), and the client they came from (none when read
-/// from files).
+/// notes of what they name that is refused), the nodes' platforms (what a warming pulls), and
+/// the client they came from (none when read from files).
 struct Read {
     records: Records,
     report_copies: Vec<image_swapper_policy::plan::Copy>,
     report_notes: Vec<String>,
+    nodes: Known,
     client: Option<kube::Client>,
+}
+
+/// The nodes' platforms: from `--nodes` files, else from the cluster when there is one.
+async fn nodes(input: &Input, client: Option<&kube::Client>) -> anyhow::Result<Known> {
+    if !input.nodes.is_empty() {
+        return Ok(Known::from_nodes(&nodes_from_files(&input.nodes)?));
+    }
+    Ok(match client {
+        Some(client) => known_in_cluster(client).await,
+        None => Known::Unknown("read from files, and no --nodes given".to_string()),
+    })
 }
 
 async fn read(input: &Input) -> anyhow::Result<Read> {
@@ -45,6 +58,7 @@ async fn read(input: &Input) -> anyhow::Result<Read> {
             records: source::records(&pods, &policy),
             report_copies,
             report_notes,
+            nodes: nodes(input, None).await?,
             client: None,
         });
     }
@@ -60,6 +74,7 @@ async fn read(input: &Input) -> anyhow::Result<Read> {
         records: source::records(&pods, &policy),
         report_copies,
         report_notes,
+        nodes: nodes(input, Some(&client)).await?,
         client: Some(client),
     })
 }
@@ -95,6 +110,12 @@ pub async fn list(input: Input) -> anyhow::Result<u8> {
             Some(warm) => println!("{copy} warmed by a pull of {}", warm.reference),
             None => println!("{copy}"),
         }
+    }
+    if copies.iter().any(|copy| copy.warm.is_some()) {
+        eprintln!(
+            "fill-mirror: a pull-through cache is warmed with the platforms the nodes run: {}",
+            read.nodes.describe()
+        );
     }
     if refused > 0 {
         eprintln!(
@@ -165,11 +186,13 @@ async fn copy_once(
     // A report's copies have no Pod record to mark: they are filled as a template's are.
     board.template_seen(watch::REPORTS, read.report_copies);
     let engine = copying.engine().await?;
+    let (referrers, warmer) = copying.registry_clients(&engine, Nodes::Fixed(read.nodes))?;
     let mut runner = Runner {
         board: Arc::new(Mutex::new(board)),
         metrics,
         health: Arc::new(Health::default()),
-        referrers: copying.referrers(&engine)?,
+        referrers,
+        warmer,
         engine,
         jobs: copying.jobs.max(1),
         wake: Arc::new(Notify::new()),

@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 use crate::board::{Backoff, Board};
 use crate::cli::{Check, Copying, Election};
 use crate::metrics::{self, Health, Metrics};
+use crate::platforms::Nodes;
 use crate::runner::{Runner, Totals};
 use crate::{leader, source, watch};
 
@@ -91,11 +92,15 @@ pub async fn watch(
     };
     let watching = tokio::spawn(watcher.run());
     let engine = copying.engine().await?;
+    // What a warming pulls out of an image index: the platforms of the nodes, as they join
+    // and leave.
+    let (referrers, warmer) = copying.registry_clients(&engine, Nodes::watch(client.clone()))?;
     let mut runner = Runner {
         board,
         metrics,
         health,
-        referrers: copying.referrers(&engine)?,
+        referrers,
+        warmer,
         engine,
         jobs: copying.jobs.max(1),
         wake,

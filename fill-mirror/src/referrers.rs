@@ -1,34 +1,23 @@
 //! The OCI 1.1 referrers API (`GET /v2/<name>/referrers/<digest>`, distribution-spec v1.1
-//! "Listing Referrers"): the one registry request skopeo cannot make, so it is made here, over
-//! the same TLS stack as the rest of the binary (rustls with ring). A registry that does not
-//! serve it answers 404; then the tag schema (`sha256-<hex>`) is read instead (`attached.rs`).
-//! With the login skopeo gets for the host (the merged auth file: the user's entry, or the
-//! binary's own ECR or Artifact Registry token), sent only when the registry asks for one: to a
-//! `WWW-Authenticate: Basic` challenge as Basic, to a `Bearer realm=…` challenge by the Docker
-//! registry token protocol (the realm asked for a token with the login, anonymously without
-//! one), so that a private source's referrers travel as its image does.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! "Listing Referrers"): the one registry request skopeo cannot make, so it is made here, with
+//! the binary's own client and the login skopeo would get (`registry_http.rs`), so that a
+//! private source's referrers travel as its image does. A registry that does not serve it
+//! answers 404; then the tag schema (`sha256-<hex>`) is read instead (`attached.rs`).
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::credentials::Access;
+use crate::registry_http::{RegistryHttp, challenge, read_body};
 
 /// What the index's `Accept` asks for: the referrers API answers with an OCI image index.
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 
-/// How long one request may take.
-const TIMEOUT: Duration = Duration::from_secs(30);
-
 /// The most pages of one referrers answer read: a registry that pages without end is not
 /// followed for ever.
 const MAX_PAGES: usize = 100;
+
+/// The most one page may hold: 16 MiB of descriptors is tens of thousands of referrers.
+const PAGE_LIMIT: usize = 16 << 20;
 
 /// A registry's answer: its status, its body, and the next page its `Link` names.
 struct Answer {
@@ -37,58 +26,14 @@ struct Answer {
     next: Option<String>,
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Referrers {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
-    /// Which hosts are asked over plain HTTP (`--insecure`, sources.yaml's `insecure_sources`,
-    /// as skopeo's `--tls-verify=false` falls back to it).
-    access: Arc<Access>,
-}
-
-impl std::fmt::Debug for Referrers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Referrers")
-            .field("access", &self.access)
-            .finish()
-    }
+    http: RegistryHttp,
 }
 
 impl Referrers {
-    /// The system's roots, and sources.yaml's authorities (for any host: the client is one).
-    pub fn new(access: Arc<Access>) -> anyhow::Result<Referrers> {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        for bundle in access.authorities() {
-            for cert in CertificateDer::pem_file_iter(&bundle)
-                .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?
-            {
-                let cert =
-                    cert.map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
-            }
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|error| anyhow::anyhow!("TLS: {error}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        Ok(Referrers {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            access,
-        })
+    pub fn new(http: RegistryHttp) -> Referrers {
+        Referrers { http }
     }
 
     /// The digests of the manifests that name `digest` as their `subject` in `repository`
@@ -101,18 +46,7 @@ impl Referrers {
         let (host, path) = repository
             .split_once('/')
             .ok_or_else(|| format!("{repository:?} names no registry host"))?;
-        // Docker Hub's API host, as containers/image names it.
-        let host = if host == "docker.io" {
-            "registry-1.docker.io"
-        } else {
-            host
-        };
-        let scheme = if self.access.plain_http(host) {
-            "http"
-        } else {
-            "https"
-        };
-        let origin = format!("{scheme}://{host}");
+        let origin = self.http.origin(host);
         let mut url = format!("{origin}/v2/{path}/referrers/{digest}");
         // The `Authorization` sent once a challenge asked for one.
         let mut authorization: Option<String> = None;
@@ -122,8 +56,7 @@ impl Referrers {
             let (mut answer, challenge) = self.get(&url, authorization.as_deref()).await?;
             if let (401, Some(challenge), None) = (answer.status, challenge, &authorization) {
                 // The login of the host the image names (`docker.io`, not its API host).
-                let login = self.access.login(repository_host(repository)).await?;
-                let answered = self.answer(&challenge, login.as_deref()).await?;
+                let answered = self.http.authorize(&challenge, host).await?;
                 answer = self.get(&url, Some(&answered)).await?.0;
                 authorization = Some(answered);
             }
@@ -156,105 +89,23 @@ impl Referrers {
         ))
     }
 
-    /// The `Authorization` that answers `challenge` (a `WWW-Authenticate` value) with `login`
-    /// (base64 of `user:password`, a docker config's `auth`): Basic with the login itself,
-    /// Bearer with a token its realm gives for the login (or anonymously without one).
-    async fn answer(&self, challenge: &str, login: Option<&str>) -> Result<String, String> {
-        if scheme_is(challenge, "Basic") {
-            return match login {
-                Some(login) => Ok(format!("Basic {login}")),
-                None => Err(format!(
-                    "the registry asks for credentials ({challenge}) and the auth file has none for it"
-                )),
-            };
-        }
-        let token = self.token(challenge, login).await?;
-        Ok(format!("Bearer {token}"))
-    }
-
     /// One GET: the answer, and a Basic or Bearer challenge when one came.
     async fn get(
         &self,
         url: &str,
         authorization: Option<&str>,
     ) -> Result<(Answer, Option<String>), String> {
-        let mut request = http::Request::get(url).header(http::header::ACCEPT, INDEX);
-        if let Some(authorization) = authorization {
-            request = request.header(http::header::AUTHORIZATION, authorization);
-        }
-        let request = request
-            .body(Empty::new())
-            .map_err(|error| format!("GET {url}: {error}"))?;
-        let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|error| format!("GET {url}: {error}"))?;
-            let status = response.status().as_u16();
-            let challenge = response
-                .headers()
-                .get(http::header::WWW_AUTHENTICATE)
-                .and_then(|value| value.to_str().ok())
-                .filter(|value| scheme_is(value, "Bearer") || scheme_is(value, "Basic"))
-                .map(str::to_string);
-            let next = response
-                .headers()
-                .get_all(http::header::LINK)
-                .iter()
-                .filter_map(|value| value.to_str().ok())
-                .find_map(next_link);
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|error| format!("GET {url}: {error}"))?
-                .to_bytes();
-            Ok((Answer { status, body, next }, challenge))
-        };
-        tokio::time::timeout(TIMEOUT, exchange)
-            .await
-            .map_err(|_| format!("GET {url}: no answer within {TIMEOUT:?}"))?
-    }
-
-    /// A token from a Bearer challenge's realm (the Docker registry token protocol:
-    /// `GET realm?service=…&scope=…`, with the login as Basic when there is one, answering
-    /// `token` or `access_token`).
-    async fn token(&self, challenge: &str, login: Option<&str>) -> Result<String, String> {
-        let fields = challenge_fields(challenge);
-        let realm = fields
+        let response = self.http.send(url, INDEX, authorization).await?;
+        let status = response.status().as_u16();
+        let challenge = challenge(&response);
+        let next = response
+            .headers()
+            .get_all(http::header::LINK)
             .iter()
-            .find(|(k, _)| k == "realm")
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| format!("a Bearer challenge without a realm: {challenge}"))?;
-        let query: Vec<String> = fields
-            .iter()
-            .filter(|(k, _)| k == "service" || k == "scope")
-            .map(|(k, v)| format!("{k}={}", query_escape(v)))
-            .collect();
-        let url = if query.is_empty() {
-            realm
-        } else {
-            format!("{realm}?{}", query.join("&"))
-        };
-        let basic = login.map(|login| format!("Basic {login}"));
-        let (answer, _) = self.get(&url, basic.as_deref()).await?;
-        if answer.status != 200 {
-            let whose = if login.is_some() {
-                "no token for the auth file's login"
-            } else {
-                "no anonymous token"
-            };
-            return Err(format!("GET {url}: {} ({whose})", answer.status));
-        }
-        let answer: Value =
-            serde_json::from_slice(&answer.body).map_err(|error| format!("GET {url}: {error}"))?;
-        answer
-            .get("token")
-            .or_else(|| answer.get("access_token"))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| format!("GET {url}: no token in the answer"))
+            .filter_map(|value| value.to_str().ok())
+            .find_map(next_link);
+        let body = read_body(response, url, PAGE_LIMIT).await?;
+        Ok((Answer { status, body, next }, challenge))
     }
 }
 
@@ -288,81 +139,9 @@ pub fn index_digests(body: &[u8]) -> Option<Vec<String>> {
     )
 }
 
-/// The host part of `host/path`.
-fn repository_host(repository: &str) -> &str {
-    repository.split('/').next().unwrap_or(repository)
-}
-
-/// Whether a `WWW-Authenticate` value is a challenge of `scheme` (case-insensitive, RFC 9110).
-fn scheme_is(challenge: &str, scheme: &str) -> bool {
-    challenge
-        .split_once(' ')
-        .map_or(challenge, |(first, _)| first)
-        .eq_ignore_ascii_case(scheme)
-}
-
-/// `key="value"` pairs of a `WWW-Authenticate: Bearer …` challenge.
-fn challenge_fields(challenge: &str) -> Vec<(String, String)> {
-    let mut fields = Vec::new();
-    let mut rest = challenge
-        .split_once(' ')
-        .map_or("", |(_, fields)| fields)
-        .trim();
-    while let Some((key, after)) = rest.split_once('=') {
-        let key = key.trim().trim_start_matches(',').trim().to_string();
-        let (value, after) = match after.strip_prefix('"') {
-            Some(quoted) => match quoted.split_once('"') {
-                Some((value, after)) => (value.to_string(), after),
-                None => (quoted.to_string(), ""),
-            },
-            None => match after.split_once(',') {
-                Some((value, after)) => (value.to_string(), after),
-                None => (after.to_string(), ""),
-            },
-        };
-        fields.push((key, value));
-        rest = after.trim_start_matches(',').trim();
-    }
-    fields
-}
-
-/// A query value with every byte outside RFC 3986's unreserved set percent-encoded.
-fn query_escape(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bearer_challenge_is_read_field_by_field() {
-        let fields = challenge_fields(
-            r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/nginx:pull""#,
-        );
-        assert_eq!(
-            fields,
-            [
-                ("realm", "https://auth.docker.io/token"),
-                ("service", "registry.docker.io"),
-                ("scope", "repository:library/nginx:pull"),
-            ]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-        );
-        assert_eq!(
-            query_escape("repository:library/nginx:pull"),
-            "repository%3Alibrary%2Fnginx%3Apull"
-        );
-    }
 
     /// The next page's `Link` is followed only within the origin the first page came from.
     #[test]

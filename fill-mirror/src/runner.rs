@@ -19,6 +19,7 @@ use crate::leader::{Ended, leadership_changed, lost};
 use crate::metrics::{Health, Metrics, RegistryLabel};
 use crate::referrers::Referrers;
 use crate::skopeo::Skopeo;
+use crate::warm::Warmer;
 
 /// How many marking patches go to the API server at once.
 const MARKS_AT_ONCE: usize = 16;
@@ -42,6 +43,8 @@ pub struct Runner {
     pub engine: Skopeo,
     /// For what travels with an image (`attached.rs`).
     pub referrers: Referrers,
+    /// For a pull-through target (`warm.rs`).
+    pub warmer: Warmer,
     pub jobs: usize,
     /// Rung when the board gains work.
     pub wake: Arc<Notify>,
@@ -181,12 +184,16 @@ impl Runner {
             .collect();
         drop(board);
         for (copy, signs) in started {
-            let (engine, leading) = (self.engine.clone(), self.leading.clone());
+            let (engine, warmer, leading) = (
+                self.engine.clone(),
+                self.warmer.clone(),
+                self.leading.clone(),
+            );
             running.spawn(async move {
                 let began = Instant::now();
                 let copying = async {
                     match (&copy.warm, &signs) {
-                        (Some(warm), _) => engine.warm(&copy, warm).await,
+                        (Some(warm), _) => warmer.warm(&copy, warm).await,
                         (None, Some(signs)) => {
                             attached::copy_signature(&engine, &copy, signs).await
                         }

@@ -5,15 +5,10 @@
 //! tag is the exception (`attached.rs`): it follows its source.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use image_swapper_policy::plan::Copy;
-use image_swapper_policy::plan::Warm;
-use image_swapper_policy::reference::Reference;
 use tokio::process::Command;
-
-use crate::attached::digest_of;
 
 use crate::board::Outcome;
 use crate::credentials::Access;
@@ -206,92 +201,6 @@ impl Skopeo {
                 Presence::Absent => Outcome::Gone(last_line(&words)),
                 _ => Outcome::Failed(last_line(&words)),
             },
-        }
-    }
-
-    /// Pulls `image` whole through a pull-through cache, every platform's manifest and every
-    /// blob, into a folder of its own under TMPDIR that is removed after: a node's pull, which
-    /// makes a cache that stores what it is asked for hold all of it (distribution's proxy
-    /// fetches a blob from its upstream only when the blob is pulled; ECR's cache imports an
-    /// image on a pull by tag). The digest of the manifest `image` names; `None` when the
-    /// cache says it has no such image; the words when it cannot tell.
-    async fn pull_through(&self, image: &str) -> Result<Option<String>, String> {
-        static PULLS: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "fill-mirror-warm-{}-{}",
-            std::process::id(),
-            PULLS.fetch_add(1, Ordering::Relaxed)
-        ));
-        let mut args = vec![
-            "copy".to_string(),
-            "--all".to_string(),
-            "--preserve-digests".to_string(),
-        ];
-        // The source side's login and TLS only: the destination is a local folder.
-        args.extend(
-            self.access
-                .copy_args(image, "dir:")
-                .into_iter()
-                .filter(|arg| !arg.starts_with("--dest-")),
-        );
-        args.push(format!("docker://{image}"));
-        args.push(format!("dir:{}", dir.display()));
-        let pulled = self.run(&args).await;
-        let manifest = std::fs::read(dir.join("manifest.json"));
-        let _ = std::fs::remove_dir_all(&dir);
-        match (pulled, manifest) {
-            (Ok(_), Ok(bytes)) => Ok(Some(digest_of(&bytes))),
-            (Ok(_), Err(error)) => Err(format!("skopeo wrote no manifest.json: {error}")),
-            (Err(words), _) if absent(image, &words) => Ok(None),
-            (Err(words), _) => Err(words),
-        }
-    }
-
-    /// Fills a pull-through cache with `copy`'s source without pushing: a pull of
-    /// `warm.reference` through the cache ([`Skopeo::pull_through`]), which makes the cache
-    /// fetch it from its upstream. A pinned source must be what the cache holds: when its tag
-    /// names other content now (moved upstream), the pinned digest is pulled too, and refused
-    /// when the cache has it not, since nothing here can put it there.
-    pub async fn warm(&self, copy: &Copy, warm: &Warm) -> Outcome {
-        if let Err(error) = self.access.prepare(&copy.source, &copy.destination).await {
-            return Outcome::Failed(error);
-        }
-        let through = |image: &str, words: &str| {
-            format!("the pull-through cache, asked for docker://{image}: {words}")
-        };
-        let failed = |image: &str, words: String| {
-            if throttled(&words) {
-                Outcome::Throttled(through(image, &last_line(&words)), None)
-            } else {
-                Outcome::Failed(through(image, &last_line(&words)))
-            }
-        };
-        let held = match self.pull_through(&warm.reference).await {
-            Ok(Some(digest)) => digest,
-            Ok(None) => {
-                return Outcome::Gone(through(
-                    &warm.reference,
-                    "has no such image, and its upstream gave it none",
-                ));
-            }
-            Err(words) => return failed(&warm.reference, words),
-        };
-        let Some(pinned) = warm.digest.as_deref().filter(|pinned| *pinned != held) else {
-            return Outcome::Copied;
-        };
-        let repository = Reference::parse(&warm.reference)
-            .map(|reference| reference.name().to_string())
-            .unwrap_or_default();
-        let by_digest = format!("{repository}@{pinned}");
-        match self.pull_through(&by_digest).await {
-            Ok(Some(_)) => Outcome::Copied,
-            Ok(None) => Outcome::Refused(through(
-                &warm.reference,
-                &format!(
-                    "names {held} now, and the cache lacks the pinned {pinned}: a pull-through cache fills on its upstream's tag, so only a rollout to the new digest is served from it"
-                ),
-            )),
-            Err(words) => failed(&by_digest, words),
         }
     }
 

@@ -30,6 +30,7 @@ pub mod api_proxy;
 pub mod check;
 pub mod hub;
 pub mod plane;
+pub mod read_only;
 pub mod replica;
 
 use std::path::Path;
