@@ -4,13 +4,17 @@
 
 pub mod ahead;
 pub mod chain;
+pub mod controller;
 pub mod cosign;
 pub mod ecr;
 pub mod front;
 pub mod hanging;
 pub mod hosts;
 pub mod images;
+pub mod install;
 pub mod kubernetes;
+pub mod netns;
+pub mod node;
 pub mod proxy;
 pub mod pull_through;
 pub mod registry;
