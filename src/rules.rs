@@ -427,6 +427,57 @@ mod tests {
         assert_eq!(route(DEFAULT, image), expected);
     }
 
+    /// k8s-image-swapper's default layout: no prefix, the source host as the first path
+    /// component at the registry's root (what a migrating user's repositories are named).
+    const ROOT: &str =
+        r#"{"defaultMirror": {"registry": "123456789012.dkr.ecr.eu-west-1.amazonaws.com"}}"#;
+
+    #[rstest]
+    #[case::docker_hub(
+        "nginx:1.27",
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/docker.io/library/nginx via defaultMirror secret None"
+    )]
+    #[case::quay(
+        "quay.io/argoproj/argocd:v2",
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/quay.io/argoproj/argocd via defaultMirror secret None"
+    )]
+    #[case::already_at_the_root(
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/docker.io/library/nginx:1.27",
+        "already swapped"
+    )]
+    // The whole registry is the target: the account's own repositories lie under it, and are
+    // left as they are, as an image already swapped.
+    #[case::the_accounts_own_repository(
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/app:1.0",
+        "already swapped"
+    )]
+    fn default_mirror_at_the_registry_root_is_k8s_image_swapper_s_default_layout(
+        #[case] image: &str,
+        #[case] expected: &str,
+    ) {
+        assert_eq!(route(ROOT, image), expected);
+    }
+
+    /// The whole decision at the root: a lookup of exactly the repository k8s-image-swapper
+    /// wrote, and the swap pinned to the digest it answered.
+    #[test]
+    fn an_image_at_the_registry_root_is_swapped_pinned() {
+        use crate::decide::tests::{DIGEST_A, FakeRegistry, policy_from};
+        use crate::decide::{Decision, decide};
+        let at_root = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/docker.io/library/nginx:1.27";
+        let mut registry = FakeRegistry::default().with(at_root, Ok(DIGEST_A));
+        let decision = decide("nginx:1.27", &policy_from(ROOT), &mut registry);
+        assert_eq!(
+            decision,
+            Decision::Swap {
+                image: format!("{at_root}@{DIGEST_A}"),
+                pull_secret: None,
+                note: None
+            }
+        );
+        assert_eq!(registry.asked, [at_root.to_string()]);
+    }
+
     #[test]
     fn too_long_a_mirror_name_is_unroutable() {
         let image = format!("quay.io/{}", "a".repeat(240));
