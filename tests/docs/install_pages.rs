@@ -197,7 +197,7 @@ fn the_opentelemetry_operator_runs_the_collector_kubewardens_sidecar_needs() {
 }
 
 /// The Secret names an object of `objects` reads: a PolicyServer's `imagePullSecret`, a Pod
-/// template's secret volumes.
+/// template's secret volumes, and a swapping rule's `pullSecret`.
 fn secrets_read(objects: &[serde_json::Value]) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for object in objects {
@@ -212,6 +212,19 @@ fn secrets_read(objects: &[serde_json::Value]) -> BTreeSet<String> {
         for volume in template["spec"]["volumes"].as_array().into_iter().flatten() {
             if let Some(name) = volume["secret"]["secretName"].as_str() {
                 names.insert(name.to_string());
+            }
+        }
+        // A swapping rule's `pullSecret` is appended to every Pod it swaps: the kubelet reads it.
+        for rule in object["spec"]["settings"]["mirrors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let targets = rule["targets"].as_array().into_iter().flatten();
+            for target in std::iter::once(rule).chain(targets) {
+                if let Some(name) = target["pullSecret"].as_str() {
+                    names.insert(name.to_string());
+                }
             }
         }
     }
