@@ -60,6 +60,21 @@ impl World {
         format!("{}/cache/{REPOSITORY}:{tag}@{digest}", self.mirror.host)
     }
 
+    /// A `sources.yaml` (`NAME-sources.yml` in the temporary folder) that lets kwctl reach
+    /// the world's two loopback registries over plain HTTP.
+    fn insecure_sources(&self, name: &str) -> std::path::PathBuf {
+        let sources = std::env::temp_dir().join(format!("{name}-sources.yml"));
+        std::fs::write(
+            &sources,
+            format!(
+                "insecure_sources: [\"{}\", \"{}\"]\n",
+                self.source.host, self.mirror.host
+            ),
+        )
+        .expect("sources");
+        sources
+    }
+
     /// The copy that brings the signed image's signature to the mirror (what the fill job
     /// runs for the check role's finding).
     fn copy_signature(&self) {
@@ -1256,15 +1271,7 @@ fn record_case(tools: &RealTools, world: &World, name: &str, settings: &Value, i
     let dir = rig::root().join("e2e/cases").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("case directory");
-    let sources = std::env::temp_dir().join(format!("{name}-sources.yml"));
-    std::fs::write(
-        &sources,
-        format!(
-            "insecure_sources: [\"{}\", \"{}\"]\n",
-            world.source.host, world.mirror.host
-        ),
-    )
-    .expect("sources");
+    let sources = world.insecure_sources(name);
     let request = pod(image);
     std::fs::write(
         dir.join("request.json"),
@@ -1416,15 +1423,7 @@ fn the_chain_is_the_real_verifiers() {
         Signer::with_certificate("release@example.com"),
     ] {
         let world = World::start("sig-chain", signer);
-        let sources = std::env::temp_dir().join("sig-chain-sources.yml");
-        std::fs::write(
-            &sources,
-            format!(
-                "insecure_sources: [\"{}\", \"{}\"]\n",
-                world.source.host, world.mirror.host
-            ),
-        )
-        .expect("sources");
+        let sources = world.insecure_sources("sig-chain");
         let by_source = vec![world.rule(&format!("{}/org/*", world.source.host))];
         let everything = vec![world.rule("*")];
         for copied in [false, true] {
@@ -1485,15 +1484,7 @@ fn a_mirror_spelling_of_an_unsigned_image_is_refused_in_both_orders_under_the_re
     let swapper_wasm = tools.annotated_policy();
     let world = World::start("sig-late", Signer::generate());
     world.copy_signature();
-    let sources = std::env::temp_dir().join("sig-late-sources.yml");
-    std::fs::write(
-        &sources,
-        format!(
-            "insecure_sources: [\"{}\", \"{}\"]\n",
-            world.source.host, world.mirror.host
-        ),
-    )
-    .expect("sources");
+    let sources = world.insecure_sources("sig-late");
     let mut rows = 0;
     for rule in [
         world.rule(&format!("{}/org/*", world.source.host)),

@@ -309,35 +309,54 @@ fn templates_are_filled_only_where_the_policy_s_namespace_selector_covers() {
     let Some(cluster) = cluster("fill-covered") else {
         return;
     };
+    filled_only_where_covered(
+        &cluster,
+        "template",
+        |namespace, image| {
+            serde_json::json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": namespace},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                         "template": {"metadata": {"labels": {"app": "web"}},
+                                      "spec": {"containers": [{"name": "c", "image": image}]}}},
+            })
+        },
+        // Both templates were seen in the same list; give the other's copy the time it would take.
+        |_| std::thread::sleep(std::time::Duration::from_secs(3)),
+    );
+}
+
+/// Creates in namespaces `covered` and `other` (`cover_only_covered`) the object `object` makes
+/// for an image of each, under a running watch: the covered one's image is filled; once
+/// `meanwhile` has run, the other's is not, until its namespace is labelled into the selector.
+fn filled_only_where_covered(
+    cluster: &Cluster,
+    what: &str,
+    object: impl Fn(&str, &str) -> Value,
+    meanwhile: impl FnOnce(&Watch),
+) {
     let inside = Image::new("inside", "linux/amd64").push(&cluster.source, "app/inside", Some("1"));
     let outside =
         Image::new("outside", "linux/amd64").push(&cluster.source, "app/outside", Some("1"));
-    cover_only_covered(&cluster);
-    let _watch = Watch::start(&cluster.plane);
+    cover_only_covered(cluster);
+    let watch = Watch::start(&cluster.plane);
     for (namespace, repository) in [("covered", "app/inside"), ("other", "app/outside")] {
-        let deployment = serde_json::json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "web", "namespace": namespace},
-            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
-                     "template": {"metadata": {"labels": {"app": "web"}},
-                                  "spec": {"containers": [{"name": "c",
-                                      "image": format!("{}/{repository}:1", cluster.source.host)}]}}},
-        });
-        cluster
-            .plane
-            .kubectl(&["create", "-f", "-"], Some(&deployment.to_string()));
+        let image = format!("{}/{repository}:1", cluster.source.host);
+        cluster.plane.kubectl(
+            &["create", "-f", "-"],
+            Some(&object(namespace, &image).to_string()),
+        );
     }
     assert!(
         eventually(60, || cluster.mirror.digest_of("hub/app/inside", "1")
             == Some(inside.clone())),
-        "the covered namespace's image is not in the mirror"
+        "the covered namespace's {what} is not filled"
     );
-    // Both templates were seen in the same list; give the other's copy the time it would take.
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    meanwhile(&watch);
     assert_eq!(
         cluster.mirror.digest_of("hub/app/outside", "1"),
         None,
-        "a template of a namespace the policy does not cover was filled"
+        "a {what} of a namespace the policy does not cover was filled"
     );
     cluster.plane.kubectl(
         &["label", "namespace", "other", "swap=yes", "--overwrite"],
@@ -346,7 +365,7 @@ fn templates_are_filled_only_where_the_policy_s_namespace_selector_covers() {
     assert!(
         eventually(30, || cluster.mirror.digest_of("hub/app/outside", "1")
             == Some(outside.clone())),
-        "the namespace labelled into the selector: its template is not filled"
+        "the namespace labelled into the selector: its {what} is not filled"
     );
 }
 
@@ -377,43 +396,22 @@ fn a_record_in_a_namespace_the_policy_does_not_cover_is_ignored() {
     let Some(cluster) = cluster("fill-record-covered") else {
         return;
     };
-    let inside = Image::new("inside", "linux/amd64").push(&cluster.source, "app/inside", Some("1"));
-    let outside =
-        Image::new("outside", "linux/amd64").push(&cluster.source, "app/outside", Some("1"));
-    cover_only_covered(&cluster);
-    let watch = Watch::start(&cluster.plane);
-    for (namespace, repository) in [("covered", "app/inside"), ("other", "app/outside")] {
-        let image = format!("{}/{repository}:1", cluster.source.host);
-        let mut pod = recorded_pod("web", &[&image], &[&image], &cluster.policy);
-        pod["metadata"]["namespace"] = Value::from(namespace);
-        cluster
-            .plane
-            .kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
-    }
-    assert!(
-        eventually(60, || cluster.mirror.digest_of("hub/app/inside", "1")
-            == Some(inside.clone())),
-        "the covered namespace's record is not filled"
-    );
-    let refused = "fill_mirror_copies_total{result=\"refused\"}";
-    assert!(
-        eventually(10, || watch.metric(refused) == Some(1.0)),
-        "{refused} is {:?}",
-        watch.metric(refused)
-    );
-    assert_eq!(
-        cluster.mirror.digest_of("hub/app/outside", "1"),
-        None,
-        "a record of a namespace the policy does not cover was filled"
-    );
-    cluster.plane.kubectl(
-        &["label", "namespace", "other", "swap=yes", "--overwrite"],
-        None,
-    );
-    assert!(
-        eventually(30, || cluster.mirror.digest_of("hub/app/outside", "1")
-            == Some(outside.clone())),
-        "the namespace labelled into the selector: its record is not filled"
+    filled_only_where_covered(
+        &cluster,
+        "record",
+        |namespace, image| {
+            let mut pod = recorded_pod("web", &[image], &[image], &cluster.policy);
+            pod["metadata"]["namespace"] = Value::from(namespace);
+            pod
+        },
+        |watch| {
+            let refused = "fill_mirror_copies_total{result=\"refused\"}";
+            assert!(
+                eventually(10, || watch.metric(refused) == Some(1.0)),
+                "{refused} is {:?}",
+                watch.metric(refused)
+            );
+        },
     );
 }
 
