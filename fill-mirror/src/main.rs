@@ -11,6 +11,9 @@ mod cli;
 mod coverage;
 mod credentials;
 mod digest;
+// The retention's shared record: the watch publishes it, the prune reads it (both being built).
+#[allow(dead_code)]
+mod in_use_set;
 mod leader;
 mod metrics;
 mod mode_once;
