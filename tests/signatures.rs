@@ -360,6 +360,34 @@ fn without_signatures_an_unsigned_image_swapped_first_escapes_a_verifier_over_th
     );
 }
 
+/// A rule that matches only the mirror's name (on the target, `<mirror>/*`), pasted into the
+/// swapper as the verifier after it holds it: alone, the verifier admits the source unverified
+/// (its rule does not match the source's name); chained, the swapper swaps only to a copy that
+/// verifies under that rule, so the unsigned image stays at its source and is admitted as alone,
+/// where before it was swapped on an existence lookup and the verifier then refused it.
+#[test]
+fn a_rule_on_the_mirror_name_alone_ends_as_the_verifier_alone() {
+    let world = World::start("sig-mirror-rule", Signer::generate());
+    world.copy_signature();
+    let rules = vec![world.rule(&format!("{}/*", world.mirror.host))];
+    let settings = world.settings_with(&rules);
+    for (tag, digest) in [("unsigned", &world.unsigned), ("signed", &world.signed)] {
+        let image = world.image(tag);
+        let alone = verifier(&rules, &image, &(shared(LiveHost::default()) as SharedHost));
+        assert_eq!(
+            alone,
+            Ok(image.clone()),
+            "alone: the rule does not match the source"
+        );
+        let chained = admit_with(Order::SwapperFirst, &rules, &settings, &image);
+        let expected = match tag {
+            "unsigned" => image.clone(),
+            _ => world.mirror_image(tag, digest),
+        };
+        assert_eq!(chained, Ok(expected), "{tag}");
+    }
+}
+
 const ORDERS: [Order; 2] = [Order::SwapperFirst, Order::VerifierFirst];
 
 /// The publisher deletes the signature of the digest the mirror copied. Without `verifySource`

@@ -94,6 +94,47 @@ mod tests {
     const SOURCE_SIG: &str = "docker.io/library/nginx:sha256-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.sig";
     const MIRROR_SIG: &str = "m.io/hub/library/nginx:sha256-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.sig";
 
+    /// A rule that matches only the mirror's name (`*/*` beside the short name `nginx:1.27`):
+    /// alone, a verifier with it admits the short name unverified; after the swapper it
+    /// verifies the copy. So the copy is swapped to only when it verifies at the digest swapped
+    /// to, and otherwise the source is kept, as that verifier alone would have it.
+    #[rstest]
+    #[case::the_copy_verifies(Ok(DIGEST_A.to_string()), true)]
+    #[case::the_copy_is_unsigned(Err(LookupError::Unverified("no signatures found".to_string())), false)]
+    fn a_rule_on_the_mirror_name_alone_is_verified_at_the_copy_before_the_swap(
+        #[case] at_mirror: Result<String, LookupError>,
+        #[case] swapped: bool,
+    ) {
+        let policy = policy_from(
+            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],"verifySource":false,
+            "signatures":[{"image":"*/*","pubKeys":["-----BEGIN PUBLIC KEY-----\nK\n-----END PUBLIC KEY-----"]}]}"#,
+        );
+        let copy = format!("m.io/hub/library/nginx:1.27@{DIGEST_A}");
+        let mut registry =
+            FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
+        registry.verifications.insert(copy.clone(), at_mirror);
+        let decision = decide("nginx:1.27", &policy, &mut registry);
+        match (swapped, &decision) {
+            (true, Decision::Swap { image, .. }) => assert_eq!(*image, copy),
+            (false, Decision::Keep(note)) => {
+                assert_eq!(note.reason, Reason::Unverified, "{}", note.text);
+                assert!(
+                    note.text.contains("matches its mirror name"),
+                    "{}",
+                    note.text
+                );
+            }
+            _ => panic!("{swapped}: {decision:?}"),
+        }
+        assert_eq!(
+            registry.asked,
+            [
+                "m.io/hub/library/nginx:1.27".to_string(),
+                format!("verify {copy}")
+            ]
+        );
+    }
+
     /// Rules on `*` (so on the mirror's name too), verified at the source at B, the mirror
     /// holding B: swapped only when the mirror's signature tag of B is the source's.
     #[rstest]
