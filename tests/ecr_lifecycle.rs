@@ -4,6 +4,8 @@
 //! (`rig::lifecycle`) over a repository's images with the tags the fill controller writes: what a
 //! cluster uses is anchored (`inuse-<cluster>-<hex>`, fill-mirror's own `anchor_tag`) and kept
 //! past the age; what no cluster anchors expires by it; the rule 0.7.0 shipped expired them all.
+//! The same repository under Artifact Registry's cleanup policies as deploy/ ships them
+//! (deploy/gke-artifact-registry/cleanup-policy.json), evaluated as Google documents them.
 
 mod rig;
 
@@ -210,4 +212,77 @@ fn the_evaluation_gives_the_user_guides_worked_examples() {
     ] {
         assert!(expired(&refused, &all).is_err(), "{refused}");
     }
+}
+
+/// The versions Artifact Registry's cleanup `policies` (a policy file's JSON) delete, as Google
+/// documents them (https://cloud.google.com/artifact-registry/docs/repositories/cleanup-policy-overview):
+/// a Delete policy's conditions select a version (`tagState`, `tagPrefixes`: one of its tags
+/// starts with one of them, `olderThan`: uploaded longer ago), and "when an artifact matches the
+/// criteria for both a delete policy and a keep policy, the artifact is kept".
+fn artifact_registry_deleted(policies: &str, images: &[Image]) -> BTreeSet<String> {
+    let policies: Vec<serde_json::Value> = serde_json::from_str(policies).expect("a JSON list");
+    let days = |age: &str| -> f64 {
+        match age.split_at(age.len().saturating_sub(1)) {
+            (n, "d") => n.parse().expect("days"),
+            (n, "s") => n.parse::<f64>().expect("seconds") / 86_400.0,
+            _ => panic!("olderThan {age:?}"),
+        }
+    };
+    let matches = |policy: &serde_json::Value, image: &Image| {
+        let condition = &policy["condition"];
+        let state = match condition["tagState"].as_str().unwrap_or("any") {
+            "tagged" => !image.tags.is_empty(),
+            "untagged" => image.tags.is_empty(),
+            "any" => true,
+            other => panic!("tagState {other:?}"),
+        };
+        let prefixes = condition["tagPrefixes"].as_array().is_none_or(|prefixes| {
+            prefixes
+                .iter()
+                .filter_map(|p| p.as_str())
+                .any(|prefix| image.tags.iter().any(|tag| tag.starts_with(prefix)))
+        });
+        let older = condition["olderThan"]
+            .as_str()
+            .is_none_or(|age| image.pushed_days_ago > days(age));
+        state && prefixes && older
+    };
+    let of = |kind: &str| -> Vec<&serde_json::Value> {
+        policies
+            .iter()
+            .filter(|p| p["action"]["type"] == kind)
+            .collect()
+    };
+    let (deletes, keeps) = (of("Delete"), of("Keep"));
+    images
+        .iter()
+        .filter(|image| deletes.iter().any(|p| matches(p, image)))
+        .filter(|image| !keeps.iter().any(|p| matches(p, image)))
+        .map(|image| image.name.clone())
+        .collect()
+}
+
+/// Artifact Registry's cleanup policies as deploy/ ships them
+/// (deploy/gke-artifact-registry/cleanup-policy.json), over the same repository: the anchored
+/// images and the signature kept, E deleted; the delete policy alone, a rule of 0.7.0's kind,
+/// deletes everything past the age.
+#[test]
+fn the_artifact_registry_policies_keep_what_a_cluster_anchors() {
+    let shipped = std::fs::read_to_string(
+        rig::root().join("deploy/gke-artifact-registry/cleanup-policy.json"),
+    )
+    .expect("deploy/gke-artifact-registry/cleanup-policy.json");
+    let images = repository();
+    assert_eq!(artifact_registry_deleted(&shipped, &images), names(&["E"]));
+    let policies: Vec<serde_json::Value> = serde_json::from_str(&shipped).expect("JSON");
+    let delete_only = serde_json::Value::Array(
+        policies
+            .into_iter()
+            .filter(|p| p["action"]["type"] == "Delete")
+            .collect(),
+    );
+    assert_eq!(
+        artifact_registry_deleted(&delete_only.to_string(), &images),
+        names(&["A", "B", "C", "D", "E", "F", "signature of A"])
+    );
 }
