@@ -4,13 +4,16 @@
 //! the source's signature beside it. A second full verification does not fit the budget; the
 //! cosign signature tag (`sha256-<hex>.sig`, sigstore-rs `triangulate`) of the digest that
 //! verified is compared instead, one lookup at each side: the same manifest there is the same
-//! signature.
+//! signature. And a copy whose mirror name alone a rule matches (the source's name it does not)
+//! is verified there before an existence-lookup swap (`verified_at_mirror_name`).
 
+use crate::policy::Policy;
 use crate::registry::{LookupError, Registry};
+use crate::signatures::verifications_for;
 use crate::text::quote;
 
 use super::failure::Failure;
-use super::{joined, verified_digest};
+use super::{joined, mirror_digest, verified_digest};
 
 /// `sha256:<hex>` -> `sha256-<hex>.sig`.
 pub(super) fn signature_tag(digest: &str) -> String {
@@ -72,6 +75,42 @@ pub(super) fn signature_copied(
             };
             Err((at_mirror, failure))
         }
+    }
+}
+
+/// A rule that does not match the image as the Pod writes it may match its mirror name (`*/*`
+/// beside the short name `nginx:1.27`): a verifier after this policy with that rule verifies the
+/// copy, where alone it would have admitted the source unverified. So the copy is swapped to only
+/// when it verifies there at the digest swapped to; otherwise the source is kept, as that
+/// verifier alone would see it.
+pub(super) fn verified_at_mirror_name(
+    swapped: &str,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Result<(), (String, Failure)> {
+    let verifications = verifications_for(&policy.signatures, swapped);
+    if verifications.is_empty() {
+        return Ok(());
+    }
+    let pinned = swapped.rsplit_once('@').map(|(_, digest)| digest);
+    match mirror_digest(registry, swapped, &verifications) {
+        Ok(answer) if pinned.is_none_or(|pinned| pinned == answer) => Ok(()),
+        Ok(answer) => Err((
+            swapped.to_string(),
+            Failure::LookupError(format!(
+                "could not verify it at its mirror name, which a rule of signatures matches: the verification answered digest {answer} for it"
+            )),
+        )),
+        Err(LookupError::Unverified(why)) => Err((
+            swapped.to_string(),
+            Failure::unverified(
+                format!(
+                    "a rule of signatures matches its mirror name, where it does not verify: {why}"
+                ),
+                pinned.map(str::to_string),
+            ),
+        )),
+        Err(error) => Err((swapped.to_string(), error.into())),
     }
 }
 

@@ -11,7 +11,7 @@ use crate::rules::{Destination, MirrorRepository};
 use crate::text::quote;
 
 use super::failure::{Failure, earlier_failures, fallback};
-use super::mirror_signature::signature_copied;
+use super::mirror_signature::{signature_copied, verified_at_mirror_name};
 use super::verify_source::{SourceCheck, check_source};
 use super::{Decision, Note, PullSecrets, Reason, joined, mirror_digest};
 use crate::signatures::{Verification, covers, verifications_for};
@@ -167,42 +167,6 @@ fn learn_unverified_digest(failures: &mut [(String, Failure)], registry: &mut im
     };
     if !lookup.contains('@') && registry.would_fit(&[lookup.as_str()]) {
         *digest = super::verified_digest(registry, lookup).ok();
-    }
-}
-
-/// A rule that does not match the image as the Pod writes it may match its mirror name (`*/*`
-/// beside the short name `nginx:1.27`): a verifier after this policy with that rule verifies the
-/// copy, where alone it would have admitted the source unverified. So the copy is swapped to only
-/// when it verifies there at the digest swapped to; otherwise the source is kept, as that
-/// verifier alone would see it.
-fn verified_at_mirror_name(
-    swapped: &str,
-    policy: &Policy,
-    registry: &mut impl Registry,
-) -> Result<(), (String, Failure)> {
-    let verifications = verifications_for(&policy.signatures, swapped);
-    if verifications.is_empty() {
-        return Ok(());
-    }
-    let pinned = swapped.rsplit_once('@').map(|(_, digest)| digest);
-    match mirror_digest(registry, swapped, &verifications) {
-        Ok(answer) if pinned.is_none_or(|pinned| pinned == answer) => Ok(()),
-        Ok(answer) => Err((
-            swapped.to_string(),
-            Failure::LookupError(format!(
-                "could not verify it at its mirror name, which a rule of signatures matches: the verification answered digest {answer} for it"
-            )),
-        )),
-        Err(LookupError::Unverified(why)) => Err((
-            swapped.to_string(),
-            Failure::unverified(
-                format!(
-                    "a rule of signatures matches its mirror name, where it does not verify: {why}"
-                ),
-                pinned.map(str::to_string),
-            ),
-        )),
-        Err(error) => Err((swapped.to_string(), error.into())),
     }
 }
 
