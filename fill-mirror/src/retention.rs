@@ -3,6 +3,7 @@
 //! pure function (`plan`), and the registry requests they make (`mirror`). The watch reads the
 //! sets' ages from here too, for the stale-set alert; only `fill-mirror prune` deletes.
 
+pub mod ages;
 pub mod inventory;
 pub mod mirror;
 pub mod plan;

@@ -11,10 +11,13 @@ use std::process::Output;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use rig::alerts;
 use rig::images::{Artifact, Image};
+use rig::plane::{ControlPlane, find_tools};
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
-use rig::{run, text};
+use rig::replica::{Replica, eventually};
+use rig::{run, settings, text};
 use serde_json::Value;
 
 /// The registry's round trip.
@@ -301,4 +304,46 @@ fn an_image_never_named_is_deleted_only_once_unnamed_for_the_age() {
         let there = world.registry.digest_of(repository, &g).is_some();
         assert_eq!(there, stays, "unnamed for {days} days: {}", out(&output));
     }
+}
+
+/// The stale-set signal: `fill-mirror watch` (a real kube-apiserver, the swapping policy routing
+/// to the mirror) reads every cluster's set from the mirror each period and serves each one's
+/// age; the alert on it fires for the stale one only.
+#[test]
+fn the_watch_serves_each_clusters_set_age_and_the_alert_names_the_stale_one() {
+    let Some(tools) = find_tools("prune: the watch's set ages") else {
+        return;
+    };
+    let plane = ControlPlane::start(tools);
+    let world = World::start("prune-ages", 3 * 3600);
+    plane.install_policy_crd();
+    plane.apply_swapping_policy(
+        "image-swapper",
+        &settings("source.example.com", &world.far.host),
+    );
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let watch = Replica::start(
+        &plane.kubeconfig,
+        "ages",
+        &["--no-election", "--period", "2"],
+        dir.path(),
+    );
+    let age = |cluster: &str| {
+        watch.metric(&format!(
+            "fill_mirror_in_use_set_age_seconds{{registry=\"{}\",cluster=\"{cluster}\"}}",
+            world.far.host
+        ))
+    };
+    assert!(
+        eventually(60, || age("two").is_some_and(|a| a >= 3.0 * 3600.0)),
+        "two's age: {:?}\n{}",
+        age("two"),
+        watch.log()
+    );
+    let one = age("one").expect("one's age");
+    assert!((30.0..600.0).contains(&one), "one's age {one}");
+    let exposition = watch.metrics().expect("/metrics");
+    let two = serde_json::json!({"registry": world.far.host, "cluster": "two"});
+    alerts::after_scrapes(&exposition, 35, "ImageSwapperInUseSetStale", Some(two))
+        .unwrap_or_else(|said| panic!("on\n{exposition}\npromtool: {said}"));
 }
