@@ -295,7 +295,7 @@ fn an_image_never_named_is_deleted_only_once_unnamed_for_the_age() {
     // The ledger, by hand: first seen unnamed 29 days ago, then 31.
     for (days, stays) in [(29, true), (31, false)] {
         let ledger = format!(
-            r#"{{"unnamed":[{{"repository":"{repository}","digest":"{g}","since":"{}"}}]}}"#,
+            r#"{{"images":[{{"repository":"{repository}","digest":"{g}","since":"{}"}}]}}"#,
             ago(days * DAY)
         );
         push_artifact(&world.registry, "_prune-ledger", LEDGER_TYPE, &ledger);

@@ -30,21 +30,27 @@ pub struct Repository {
     pub manifests: Vec<Manifest>,
 }
 
-/// What the prune remembers between runs: when each manifest no set names was first seen so.
-/// An image copied by hand and not used yet is then deleted only after `keep_for`, not at once.
+/// What the prune remembers between runs, per manifest: when a set last named it (and which
+/// cluster), or when the prune first saw it named by none. A watch drops an entry from its set
+/// once it is older than `keep_for`; the ledger keeps its last naming, so the age runs from
+/// there and not again from its disappearance. An image copied by hand and not used yet is
+/// deleted only `keep_for` after the prune first saw it, not at once.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Ledger {
-    pub unnamed: Vec<Unnamed>,
+    pub images: Vec<Remembered>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Unnamed {
+pub struct Remembered {
     pub repository: String,
     pub digest: String,
-    /// The first run that found it named by no set.
+    /// The last time a set named it (then `named_by` is that set's cluster), or the first run
+    /// that found it named by no set.
     pub since: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub named_by: Option<String>,
 }
 
 /// The prune's bounds.
@@ -149,6 +155,7 @@ pub fn subject_of_tag(tag: &str) -> Option<String> {
 }
 
 /// The latest naming of one digest by any set.
+#[derive(Clone, Copy)]
 struct Naming<'s> {
     cluster: &'s str,
     last_seen: Timestamp,
@@ -206,10 +213,10 @@ pub fn plan(
                     .any(|i| i.repository == repository && i.digest == digest)
         })
     };
-    let first_seen: BTreeMap<(&str, &str), Timestamp> = ledger
-        .unnamed
+    let remembered: BTreeMap<(&str, &str), &Remembered> = ledger
+        .images
         .iter()
-        .map(|u| ((u.repository.as_str(), u.digest.as_str()), u.since))
+        .map(|r| ((r.repository.as_str(), r.digest.as_str()), r))
         .collect();
     let mut next_ledger = Ledger::default();
     let mut kept = Vec::new();
@@ -240,7 +247,20 @@ pub fn plan(
                 .find(|(cluster, digest)| {
                     *digest == manifest.digest && names(cluster, key.0, key.1)
                 });
-            let decision = match (named.get(&key), anchor) {
+            // The latest naming: a set's now, or the one the ledger remembers.
+            let before = remembered.get(&key).and_then(|r| {
+                r.named_by.as_deref().map(|cluster| Naming {
+                    cluster,
+                    last_seen: r.since,
+                    used_by: &[],
+                })
+            });
+            let last = match (named.get(&key), before) {
+                (Some(now), Some(before)) if before.last_seen > now.last_seen => Some(before),
+                (Some(now), _) => Some(*now),
+                (None, before) => before,
+            };
+            let decision = match (&last, anchor) {
                 (Some(n), _) if !older_than(n.last_seen, parameters.keep_for_seconds) => {
                     Own::Kept(Kept::Named {
                         cluster: n.cluster.to_string(),
@@ -259,12 +279,7 @@ pub fn plan(
                     n.last_seen,
                 ),
                 (None, None) => {
-                    let since = first_seen.get(&key).copied().unwrap_or(now);
-                    next_ledger.unnamed.push(Unnamed {
-                        repository: key.0.to_string(),
-                        digest: key.1.to_string(),
-                        since,
-                    });
+                    let since = remembered.get(&key).map_or(now, |r| r.since);
                     if older_than(since, parameters.keep_for_seconds) {
                         Own::Gone(Gone::UnnamedSince { since }, since)
                     } else {
@@ -272,6 +287,20 @@ pub fn plan(
                     }
                 }
             };
+            next_ledger.images.push(match &last {
+                Some(n) => Remembered {
+                    repository: key.0.to_string(),
+                    digest: key.1.to_string(),
+                    since: n.last_seen,
+                    named_by: Some(n.cluster.to_string()),
+                },
+                None => Remembered {
+                    repository: key.0.to_string(),
+                    digest: key.1.to_string(),
+                    since: remembered.get(&key).map_or(now, |r| r.since),
+                    named_by: None,
+                },
+            });
             own.insert(&manifest.digest, decision);
         }
         for manifest in &repository.manifests {
@@ -424,7 +453,7 @@ mod tests {
         );
         assert_eq!(plan.kept.len(), 1);
         assert!(matches!(&plan.kept[0].why, Kept::Named { cluster, .. } if cluster == "one"));
-        assert!(plan.ledger.unnamed.is_empty());
+        assert_eq!(plan.ledger.images[1].named_by.as_deref(), Some("one"));
     }
 
     #[test]
@@ -472,15 +501,15 @@ mod tests {
         let inventory = inventory(vec![manifest(7, &["hand-copied"])]);
         let first = plan(&[], &Ledger::default(), &inventory, &parameters(20));
         assert!(first.delete.is_empty());
-        assert_eq!(first.ledger.unnamed[0].since, at(NOW));
+        assert_eq!(first.ledger.images[0].since, at(NOW));
         let mut old = first.ledger.clone();
-        old.unnamed[0].since = days_ago(29);
+        old.images[0].since = days_ago(29);
         assert!(
             plan(&[], &old, &inventory, &parameters(20))
                 .delete
                 .is_empty()
         );
-        old.unnamed[0].since = days_ago(31);
+        old.images[0].since = days_ago(31);
         let later = plan(&[], &old, &inventory, &parameters(20));
         assert_eq!(deleted(&later), [digest(7)]);
         assert_eq!(
@@ -490,7 +519,7 @@ mod tests {
             }
         );
         assert_eq!(
-            later.ledger.unnamed[0].since,
+            later.ledger.images[0].since,
             days_ago(31),
             "kept until it is gone"
         );
@@ -560,6 +589,27 @@ mod tests {
         assert_eq!(deleted(&plan), [digest(2), digest(1)]);
         assert_eq!(plan.held.len(), 1);
         assert_eq!(plan.held[0].digest, digest(3));
+    }
+
+    #[test]
+    fn an_image_a_set_stopped_naming_ages_from_its_last_naming_the_ledger_remembers() {
+        let inventory = inventory(vec![manifest(5, &["0.9"])]);
+        let named = [set("one", days_ago(0), &[(5, days_ago(25))])];
+        let first = plan(&named, &Ledger::default(), &inventory, &parameters(20));
+        assert!(first.delete.is_empty());
+        assert_eq!(first.ledger.images[0].since, days_ago(25));
+        // Dropped from the set by its watch: its last naming, 31 days ago by now, still counts.
+        let mut ledger = first.ledger.clone();
+        ledger.images[0].since = days_ago(31);
+        let later = plan(&[], &ledger, &inventory, &parameters(20));
+        assert_eq!(deleted(&later), [digest(5)]);
+        assert_eq!(
+            later.delete[0].why,
+            Gone::NamedLast {
+                cluster: "one".to_string(),
+                last_seen: days_ago(31)
+            }
+        );
     }
 
     #[test]
