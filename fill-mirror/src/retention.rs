@@ -30,14 +30,16 @@ pub fn parse_duration(text: &str) -> Result<i64, String> {
         .ok_or_else(|| format!("{text:?}: a number and a unit of s, m, h or d (30d, 1h)"))
 }
 
-/// `seconds` as the largest units that say it whole enough to read: `40d`, `3h`, `90s`.
+/// `seconds` in the largest unit that says it exactly, or in which it is at least two (rounded
+/// down): `30d`, `1h`, `40d`, `90s`.
 pub fn say_duration(seconds: i64) -> String {
-    match seconds.abs() {
-        s if s >= 2 * 86_400 => format!("{}d", seconds / 86_400),
-        s if s >= 2 * 3600 => format!("{}h", seconds / 3600),
-        s if s >= 2 * 60 => format!("{}m", seconds / 60),
-        _ => format!("{seconds}s"),
+    let whole = seconds.abs();
+    for (unit, name) in [(86_400, 'd'), (3600, 'h'), (60, 'm')] {
+        if (whole >= unit && whole % unit == 0) || whole >= 2 * unit {
+            return format!("{}{name}", seconds / unit);
+        }
     }
+    format!("{seconds}s")
 }
 
 #[cfg(test)]
@@ -59,5 +61,7 @@ mod tests {
         }
         assert_eq!(say_duration(40 * 86_400 + 5), "40d");
         assert_eq!(say_duration(3 * 3600), "3h");
+        assert_eq!(say_duration(3600), "1h");
+        assert_eq!(say_duration(61), "61s");
     }
 }
