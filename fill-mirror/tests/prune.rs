@@ -15,7 +15,7 @@ use rig::alerts;
 use rig::images::{Artifact, Image};
 use rig::plane::{ControlPlane, find_tools};
 use rig::proxy::LatencyProxy;
-use rig::registry::TestRegistry;
+use rig::registry::{TestRegistry, basic_auth};
 use rig::replica::{Replica, eventually};
 use rig::{run, settings, text};
 use serde_json::Value;
@@ -79,7 +79,11 @@ struct World {
 impl World {
     /// "two"'s set published `two_published` seconds ago.
     fn start(name: &str, two_published: i64) -> World {
-        let registry = TestRegistry::start(name).expect("registry");
+        World::on(TestRegistry::start(name).expect("registry"), two_published)
+    }
+
+    /// The same world on `registry`.
+    fn on(registry: TestRegistry, two_published: i64) -> World {
         let far = LatencyProxy::network(&registry.host, AWAY).expect("latency proxy");
         let mut images = Vec::new();
         for name in ["A", "B", "C", "D", "E", "F"] {
@@ -346,4 +350,68 @@ fn the_watch_serves_each_clusters_set_age_and_the_alert_names_the_stale_one() {
     let two = serde_json::json!({"registry": world.far.host, "cluster": "two"});
     alerts::after_scrapes(&exposition, 35, "ImageSwapperInUseSetStale", Some(two))
         .unwrap_or_else(|said| panic!("on\n{exposition}\npromtool: {said}"));
+}
+
+#[test]
+fn a_deletion_the_registry_refuses_fails_the_run_and_names_it() {
+    let world = World::start("prune-refused", 60);
+    let (_, e) = world.image("E");
+    let refused = format!("/manifests/{e}");
+    let (front, stop) = rig::front::relay("refusing deletions", &world.registry.host, move |method, url| {
+        (method == "DELETE" && url.ends_with(&refused)).then(|| {
+            (405, r#"{"errors":[{"code":"UNSUPPORTED","message":"The operation is unsupported."}]}"#.to_string())
+        })
+    })
+    .expect("relay");
+    let mirror = format!("{front}/hub");
+    let output = run(&[
+        "prune",
+        "--insecure",
+        "--mirror",
+        &mirror,
+        "--keep-for",
+        "30d",
+        "--delete",
+    ]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(output.status.code(), Some(1), "{}", out(&output));
+    let said = text(&output.stdout);
+    let line = said
+        .lines()
+        .find(|line| line.contains(&format!("@{e}")))
+        .unwrap_or_else(|| panic!("no line for E: {said}"));
+    assert!(
+        line.starts_with("FAILED to delete") && line.contains("405"),
+        "{line}"
+    );
+    assert!(world.serves("E"));
+    for kept in ["A", "B", "C", "D", "F", "A.sig"] {
+        assert!(world.serves(kept), "{kept} was deleted: {said}");
+    }
+}
+
+#[test]
+fn the_prune_deletes_with_its_own_login_and_cannot_run_without_one() {
+    let registry = TestRegistry::start_with_basic_auth("prune-login", "pruner", "may-delete")
+        .expect("registry with basic auth");
+    let world = World::on(registry, 60);
+    let without = world.prune(&["--delete"]);
+    assert_eq!(without.status.code(), Some(2), "{}", out(&without));
+    assert!(out(&without).contains("credentials"), "{}", out(&without));
+    assert!(world.serves("E"));
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let auth = dir.path().join("auth.json");
+    let login = basic_auth("pruner", "may-delete");
+    let token = login.trim_start_matches("Basic ");
+    std::fs::write(
+        &auth,
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"{token}"}}}}}}"#,
+            world.far.host
+        ),
+    )
+    .expect("the auth file");
+    let with = world.prune(&["--delete", "--auth-file", &auth.display().to_string()]);
+    assert_eq!(with.status.code(), Some(0), "{}", out(&with));
+    assert!(!world.serves("E") && world.serves("A"), "{}", out(&with));
 }
