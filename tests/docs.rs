@@ -2248,13 +2248,19 @@ fn the_prune_runs_dry_with_its_own_login_and_no_kubernetes_rights() {
             .filter_map(|a| a.as_str())
             .collect();
         assert_eq!(args[..2], ["prune", "--mirror"], "{place}");
-        assert!(!args.contains(&"--delete"), "{place}: not a dry run: {args:?}");
+        assert!(
+            !args.contains(&"--delete"),
+            "{place}: not a dry run: {args:?}"
+        );
         let mirror = documents
             .iter()
             .filter(|d| d["kind"] == "ClusterAdmissionPolicy")
             .find_map(|d| d["spec"]["settings"]["mirrors"][0]["target"].as_str())
             .unwrap_or_else(|| panic!("{place}: no mirror target"));
-        assert_eq!(args[2], mirror, "{place}: the prune's mirror is the swapping's");
+        assert_eq!(
+            args[2], mirror,
+            "{place}: the prune's mirror is the swapping's"
+        );
         let secret = pod["volumes"]
             .as_array()
             .into_iter()
