@@ -2301,3 +2301,73 @@ fn the_fill_controller_runs_the_releases_image_with_least_privileges() {
     }
     assert!(running >= 2, "{running} overlays run the fill controller");
 }
+
+/// The prune's CronJob, where an overlay renders it: a dry run (no `--delete` until the operator
+/// adds it) of the release's image, pruning under the overlay's own mirror, with its own
+/// docker-config Secret (a login that may delete, not the fill controller's) and a ServiceAccount
+/// that has no token and no binding: it reads everything from the registry.
+#[test]
+fn the_prune_runs_dry_with_its_own_login_and_no_kubernetes_rights() {
+    let image = format!(
+        "ghcr.io/image-swapper-policy/fill-mirror:v{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut pruning = 0;
+    for (place, documents) in rendered_overlays() {
+        let Some(cron) = documents
+            .iter()
+            .find(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-prune")
+        else {
+            continue;
+        };
+        pruning += 1;
+        let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], "mirror-prune", "{place}");
+        assert_eq!(pod["automountServiceAccountToken"], false, "{place}");
+        let account = documents
+            .iter()
+            .find(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == "mirror-prune")
+            .unwrap_or_else(|| panic!("{place}: no ServiceAccount mirror-prune"));
+        assert_eq!(account["automountServiceAccountToken"], false, "{place}");
+        let bound: Vec<&serde_json::Value> = documents
+            .iter()
+            .filter(|d| {
+                d["subjects"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|s| s["name"] == "mirror-prune")
+            })
+            .collect();
+        assert!(bound.is_empty(), "{place}: the prune is bound: {bound:?}");
+        let container = &pod["containers"][0];
+        assert_eq!(container["image"], image.as_str(), "{place}");
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .collect();
+        assert_eq!(args[..2], ["prune", "--mirror"], "{place}");
+        assert!(
+            !args.contains(&"--delete"),
+            "{place}: not a dry run: {args:?}"
+        );
+        let mirror = documents
+            .iter()
+            .filter(|d| d["kind"] == "ClusterAdmissionPolicy")
+            .find_map(|d| d["spec"]["settings"]["mirrors"][0]["target"].as_str())
+            .unwrap_or_else(|| panic!("{place}: no mirror target"));
+        assert_eq!(
+            args[2], mirror,
+            "{place}: the prune's mirror is the swapping's"
+        );
+        let secret = pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|v| v["secret"]["secretName"].as_str());
+        assert_eq!(secret, Some("mirror-prune"), "{place}: its own login");
+    }
+    assert!(pruning >= 1, "no overlay renders the prune");
+}

@@ -73,6 +73,43 @@ pub enum Mode {
         #[command(flatten)]
         election: Election,
     },
+    /// Delete from a plain mirror what no cluster's in-use set has named for --keep-for (a dry
+    /// run unless --delete); exit 0 when it ran, 1 when a deletion failed, 2 when it could not
+    /// run, 3 when a stale set blocked every deletion.
+    Prune(Prune),
+}
+
+#[derive(Args)]
+pub struct Prune {
+    /// A mirror to prune: HOST[/PATH], the repositories under PATH (every repository of HOST
+    /// without one). Repeatable; a registry's other repositories are never touched.
+    #[arg(long, required = true)]
+    pub mirror: Vec<String>,
+    /// The repository the clusters publish their in-use sets in, in each mirror registry.
+    #[arg(long, default_value = crate::in_use_set::DEFAULT_REPOSITORY)]
+    pub in_use_repository: String,
+    /// How long a digest stays after a set last named it, or after the prune first saw it
+    /// named by none (30d, 12h, ...).
+    #[arg(long, default_value = "30d", value_parser = crate::retention::parse_duration)]
+    pub keep_for: i64,
+    /// A cluster's set published longer ago than this blocks every deletion (the cluster may
+    /// use what it no longer says).
+    #[arg(long, default_value = "1h", value_parser = crate::retention::parse_duration)]
+    pub stale_after: i64,
+    /// The most manifests one run deletes (oldest first).
+    #[arg(long, default_value_t = 20)]
+    pub max_deletions: usize,
+    /// Delete: without it the run only says what it would delete, and why.
+    #[arg(long)]
+    pub delete: bool,
+    /// The plan as lines a person reads, or as one JSON object.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+    /// Plain HTTP and unverified TLS for every registry.
+    #[arg(long)]
+    pub insecure: bool,
+    #[command(flatten)]
+    pub access: credentials::AccessArgs,
 }
 
 #[derive(Args)]

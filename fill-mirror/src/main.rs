@@ -4,7 +4,8 @@
 //!
 //! Modes: `watch` (a Deployment: follows the Pods and the settings), `once` (a CronJob or a
 //! person: one pass, exit 0 when every copy was made or is there or its source is gone, 1 when
-//! one failed, 2 when the run could not run), `list` (prints the copies, copies nothing).
+//! one failed, 2 when the run could not run), `list` (prints the copies, copies nothing),
+//! `prune` (a CronJob: deletes from a plain mirror what no cluster's in-use set names).
 mod attached;
 mod board;
 mod cli;
@@ -17,10 +18,12 @@ mod in_use_set;
 mod leader;
 mod metrics;
 mod mode_once;
+mod mode_prune;
 mod mode_watch;
 mod platforms;
 mod referrers;
 mod registry_http;
+mod retention;
 mod runner;
 mod skopeo;
 mod source;
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
                 copying,
                 election,
             } => mode_once::once(input, copying, election).await,
+            Mode::Prune(args) => mode_prune::prune(args).await,
             Mode::Watch {
                 settings,
                 swap_policy,

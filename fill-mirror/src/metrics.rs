@@ -28,6 +28,13 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// One cluster's in-use set in one mirror registry.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SetLabel {
+    pub registry: String,
+    pub cluster: String,
+}
+
 /// The `result` label's values of `fill_mirror_copies_total`.
 pub const RESULTS: [&str; 5] = ["copied", "present", "gone", "failed", "refused"];
 
@@ -44,6 +51,8 @@ pub struct Metrics {
     pub source_throttled: Family<RegistryLabel, Counter>,
     pub last_sync: Gauge<f64, AtomicU64>,
     pub leader: Gauge,
+    /// How long ago each cluster published its in-use set, by mirror registry (read each period).
+    pub in_use_set_age: Family<SetLabel, Gauge<f64, AtomicU64>>,
     registry: Registry,
 }
 
@@ -58,6 +67,7 @@ impl Default for Metrics {
             source_throttled: Family::default(),
             last_sync: Gauge::default(),
             leader: Gauge::default(),
+            in_use_set_age: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut metrics.registry;
@@ -100,6 +110,11 @@ impl Default for Metrics {
             "fill_mirror_leader",
             "1 when this replica copies and marks",
             metrics.leader.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_set_age_seconds",
+            "How long ago each cluster published its in-use set in a mirror registry",
+            metrics.in_use_set_age.clone(),
         );
         // Every result exported from the start, at 0: a counter that appears at 1 shows no
         // increase() to Prometheus, so the alerts on a first failure or a first gone source

@@ -10,8 +10,10 @@ use crate::board::{Backoff, Board};
 use crate::cli::{Check, Copying, Election};
 use crate::metrics::{self, Health, Metrics};
 use crate::platforms::Nodes;
+use crate::registry_http::RegistryHttp;
+use crate::retention::ages::SetAges;
 use crate::runner::{Runner, Totals};
-use crate::{leader, source, watch};
+use crate::{in_use_set, leader, source, watch};
 
 /// What the watch follows besides the recorded Pods and the settings.
 pub struct Follow {
@@ -75,6 +77,13 @@ pub async fn watch(
         true,
     )));
     let wake = Arc::new(Notify::new());
+    let engine = copying.engine().await?;
+    let set_ages = Arc::new(SetAges {
+        http: RegistryHttp::new(engine.access.clone())?,
+        repository: in_use_set::DEFAULT_REPOSITORY.to_string(),
+        metrics: metrics.clone(),
+        exported: Default::default(),
+    });
     let server = tokio::spawn(metrics::serve(listener, metrics.clone(), health.clone()));
     let watcher = watch::Watch {
         client: client.clone(),
@@ -89,9 +98,9 @@ pub async fn watch(
             .reports
             .map(|check| source::check_policy_ids(&check.check_policy)),
         period: timing.period,
+        set_ages: Some(set_ages),
     };
     let watching = tokio::spawn(watcher.run());
-    let engine = copying.engine().await?;
     // What a warming pulls out of an image index: the platforms of the nodes, as they join
     // and leave.
     let (referrers, warmer) = copying.registry_clients(&engine, Nodes::watch(client.clone()))?;

@@ -30,6 +30,7 @@ use tokio::sync::Notify;
 use crate::board::Board;
 use crate::coverage::Coverage;
 use crate::metrics::{Health, Metrics};
+use crate::retention::ages::{SetAges, pushed_hosts};
 use crate::runner::lock;
 use crate::source::{
     created, policy_from_document, policy_resource, record_selector, report_copies,
@@ -51,6 +52,8 @@ pub struct Watch {
     pub check_policy_ids: Option<Vec<String>>,
     /// How often the reports are read.
     pub period: std::time::Duration,
+    /// Each period, the clusters' in-use sets' ages read from the mirror (the stale-set alert).
+    pub set_ages: Option<Arc<SetAges>>,
 }
 
 /// The board's key of the copies the check role's reports name: filled as a template's are
@@ -197,10 +200,18 @@ impl Watch {
         // The first tick is at once: the reports are read as soon as the settings are in.
         let mut reports_due = tokio::time::interval(self.period);
         reports_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ages_due = tokio::time::interval(self.period);
+        ages_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = reports_due.tick(), if self.check_policy_ids.is_some() && known.policy.is_some() => {
                     self.read_reports(&mut known).await;
+                }
+                _ = ages_due.tick(), if self.set_ages.is_some() && known.policy.is_some() => {
+                    if let (Some(ages), Some(policy)) = (self.set_ages.clone(), &known.policy) {
+                        let hosts = pushed_hosts(policy);
+                        tokio::spawn(async move { ages.export(&hosts).await });
+                    }
                 }
                 Some(event) = pods.next() => match event {
                     Ok(event) => {
