@@ -82,6 +82,8 @@ pub fn anchor_tag(cluster: &str, digest: &str) -> Option<String> {
 
 /// The cluster and digest an anchor tag names; None for any other tag. Cluster ids may hold '-',
 /// so the digest is the last 64 characters.
+// Read by the prune, which the watch does not run.
+#[allow(dead_code)]
 pub fn parse_anchor_tag(tag: &str) -> Option<(&str, String)> {
     let rest = tag.strip_prefix(ANCHOR_PREFIX)?;
     let split = rest.len().checked_sub(65)?;

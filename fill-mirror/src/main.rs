@@ -11,8 +11,8 @@ mod cli;
 mod coverage;
 mod credentials;
 mod digest;
-// The retention's shared record: the watch publishes it, the prune reads it (both being built).
-#[allow(dead_code)]
+mod in_use;
+// The retention's shared record: the watch publishes it, the prune reads it.
 mod in_use_set;
 mod leader;
 mod metrics;
@@ -73,6 +73,7 @@ fn main() -> ExitCode {
                 no_reports,
                 check,
                 election,
+                retention,
             } => {
                 let timing = Timing {
                     retry: Duration::from_secs(retry.max(1)),
@@ -87,6 +88,7 @@ fn main() -> ExitCode {
                     Follow {
                         templates: !no_templates,
                         reports: (!no_reports).then_some(check),
+                        retention,
                     },
                     election,
                 )

@@ -44,6 +44,14 @@ pub struct Metrics {
     pub source_throttled: Family<RegistryLabel, Counter>,
     pub last_sync: Gauge<f64, AtomicU64>,
     pub leader: Gauge,
+    /// Digests the published in-use set names (in use now, or within `--keep-for`), by registry.
+    pub in_use_images: Family<RegistryLabel, Gauge>,
+    /// Anchor tags put on digests in use, by registry.
+    pub in_use_anchors: Family<RegistryLabel, Counter>,
+    /// When the in-use set was last published, by registry (Unix seconds).
+    pub in_use_published: Family<RegistryLabel, Gauge<f64, AtomicU64>>,
+    /// Periods whose in-use set could not be published, by registry.
+    pub in_use_publish_failures: Family<RegistryLabel, Counter>,
     registry: Registry,
 }
 
@@ -58,6 +66,10 @@ impl Default for Metrics {
             source_throttled: Family::default(),
             last_sync: Gauge::default(),
             leader: Gauge::default(),
+            in_use_images: Family::default(),
+            in_use_anchors: Family::default(),
+            in_use_published: Family::default(),
+            in_use_publish_failures: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut metrics.registry;
@@ -100,6 +112,26 @@ impl Default for Metrics {
             "fill_mirror_leader",
             "1 when this replica copies and marks",
             metrics.leader.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_images",
+            "Digests the published in-use set names (in use now or within --keep-for), by registry",
+            metrics.in_use_images.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_anchors_written",
+            "Anchor tags (inuse-<cluster>-<hex>) put on digests in use, by registry",
+            metrics.in_use_anchors.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_published_timestamp_seconds",
+            "When the in-use set was last published, by registry (Unix seconds)",
+            metrics.in_use_published.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_publish_failures",
+            "Periods whose in-use set could not be published, by registry",
+            metrics.in_use_publish_failures.clone(),
         );
         // Every result exported from the start, at 0: a counter that appears at 1 shows no
         // increase() to Prometheus, so the alerts on a first failure or a first gone source

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -25,7 +25,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct RegistryHttp {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// Which hosts are asked over plain HTTP (`--insecure`, sources.yaml's `insecure_sources`,
     /// as skopeo's `--tls-verify=false` falls back to it), and the logins.
     access: Arc<Access>,
@@ -101,16 +101,39 @@ impl RegistryHttp {
         accept: &str,
         authorization: Option<&str>,
     ) -> Result<http::Response<Incoming>, String> {
-        let mut request = http::Request::get(url).header(http::header::ACCEPT, accept);
+        self.request(
+            http::Method::GET,
+            url,
+            &[(http::header::ACCEPT, accept)],
+            authorization,
+            Bytes::new(),
+        )
+        .await
+    }
+
+    /// One request of any method with `headers` and `body` (the in-use set's pushes: a blob's
+    /// upload, a manifest's PUT), answered as far as its headers within [`TIMEOUT`].
+    pub async fn request(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: &[(http::header::HeaderName, &str)],
+        authorization: Option<&str>,
+        body: Bytes,
+    ) -> Result<http::Response<Incoming>, String> {
+        let mut request = http::Request::builder().method(method.clone()).uri(url);
+        for (name, value) in headers {
+            request = request.header(name, *value);
+        }
         if let Some(authorization) = authorization {
             request = request.header(http::header::AUTHORIZATION, authorization);
         }
         let request = request
-            .body(Empty::new())
-            .map_err(|error| format!("GET {url}: {error}"))?;
+            .body(Full::new(body))
+            .map_err(|error| format!("{method} {url}: {error}"))?;
         match tokio::time::timeout(TIMEOUT, self.client.request(request)).await {
-            Err(_) => Err(format!("GET {url}: no answer within {TIMEOUT:?}")),
-            Ok(Err(error)) => Err(format!("GET {url}: {error}")),
+            Err(_) => Err(format!("{method} {url}: no answer within {TIMEOUT:?}")),
+            Ok(Err(error)) => Err(format!("{method} {url}: {error}")),
             Ok(Ok(response)) => Ok(response),
         }
     }

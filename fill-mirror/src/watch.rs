@@ -21,14 +21,16 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Resource;
 use kube::api::DynamicObject;
 use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::board::Board;
 use crate::coverage::Coverage;
+use crate::in_use::{Scope, Writers};
 use crate::metrics::{Health, Metrics};
 use crate::runner::lock;
 use crate::source::{
@@ -51,6 +53,9 @@ pub struct Watch {
     pub check_policy_ids: Option<Vec<String>>,
     /// How often the reports are read.
     pub period: std::time::Duration,
+    /// With retention on: the in-use set's stores of the workload kinds, filled by the
+    /// template watches, and where the policy's scope is sent as it changes.
+    pub in_use: Option<(Writers, tokio::sync::watch::Sender<Option<Scope>>)>,
 }
 
 /// The board's key of the copies the check role's reports name: filled as a template's are
@@ -88,11 +93,13 @@ fn template_images(object: &Value, spec: &str) -> Vec<String> {
         .collect()
 }
 
-/// The watch of one workload kind, as template events; `spec` is where its Pod spec lies.
+/// The watch of one workload kind, as template events; `spec` is where its Pod spec lies. With
+/// `store`, the objects are also kept there (the in-use set's), from the same watch.
 fn templates_of<K>(
     client: &Client,
     kind: &'static str,
     spec: &'static str,
+    store: Option<Writer<K>>,
 ) -> BoxStream<'static, TemplateEvent>
 where
     K: Resource<DynamicType = ()>
@@ -104,8 +111,16 @@ where
         + serde::Serialize
         + 'static,
 {
-    watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
+    let events = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff();
+    let events = match store {
+        Some(store) => events
+            .modify(|object| object.managed_fields_mut().clear())
+            .reflect(store)
+            .boxed(),
+        None => events.boxed(),
+    };
+    events
         .filter_map(move |event| async move {
             let keyed = |object: &K| {
                 let value = serde_json::to_value(object).unwrap_or_default();
@@ -128,6 +143,16 @@ where
         .boxed()
 }
 
+/// Sends the policy's settings and coverage as they now are to the in-use set's publishing.
+fn share_scope(scope: Option<&tokio::sync::watch::Sender<Option<Scope>>>, known: &Known) {
+    if let (Some(scope), Some(policy)) = (scope, known.policy.as_ref()) {
+        scope.send_replace(Some(Scope {
+            policy: policy.clone(),
+            coverage: known.coverage.clone(),
+        }));
+    }
+}
+
 struct Known {
     policy: Option<Policy>,
     /// The recorded Pods as last seen, to read again when the settings change.
@@ -146,7 +171,7 @@ struct Known {
 }
 
 impl Watch {
-    pub async fn run(self) {
+    pub async fn run(mut self) {
         let pods = watcher::watcher(
             Api::<Pod>::all(self.client.clone()),
             watcher::Config::default().labels(&record_selector()),
@@ -179,15 +204,38 @@ impl Watch {
         )
         .default_backoff()
         .boxed();
-        let mut templates = if self.templates {
+        let (writers, scope) = match self.in_use.take() {
+            Some((writers, scope)) => (Some(writers), Some(scope)),
+            None => (None, None),
+        };
+        // The in-use set needs the workload kinds whether or not their templates are filled.
+        let mut templates = if self.templates || writers.is_some() {
             let c = &self.client;
+            let template = "/spec/template/spec";
+            let (deployments, stateful_sets, daemon_sets, replica_sets, jobs, cron_jobs) =
+                match writers {
+                    Some(w) => (
+                        Some(w.deployments),
+                        Some(w.stateful_sets),
+                        Some(w.daemon_sets),
+                        Some(w.replica_sets),
+                        Some(w.jobs),
+                        Some(w.cron_jobs),
+                    ),
+                    None => (None, None, None, None, None, None),
+                };
             futures::stream::select_all([
-                templates_of::<Deployment>(c, "Deployment", "/spec/template/spec"),
-                templates_of::<StatefulSet>(c, "StatefulSet", "/spec/template/spec"),
-                templates_of::<DaemonSet>(c, "DaemonSet", "/spec/template/spec"),
-                templates_of::<ReplicaSet>(c, "ReplicaSet", "/spec/template/spec"),
-                templates_of::<Job>(c, "Job", "/spec/template/spec"),
-                templates_of::<CronJob>(c, "CronJob", "/spec/jobTemplate/spec/template/spec"),
+                templates_of::<Deployment>(c, "Deployment", template, deployments),
+                templates_of::<StatefulSet>(c, "StatefulSet", template, stateful_sets),
+                templates_of::<DaemonSet>(c, "DaemonSet", template, daemon_sets),
+                templates_of::<ReplicaSet>(c, "ReplicaSet", template, replica_sets),
+                templates_of::<Job>(c, "Job", template, jobs),
+                templates_of::<CronJob>(
+                    c,
+                    "CronJob",
+                    "/spec/jobTemplate/spec/template/spec",
+                    cron_jobs,
+                ),
             ])
             .boxed()
         } else {
@@ -197,6 +245,7 @@ impl Watch {
         // The first tick is at once: the reports are read as soon as the settings are in.
         let mut reports_due = tokio::time::interval(self.period);
         reports_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        share_scope(scope.as_ref(), &known);
         loop {
             tokio::select! {
                 _ = reports_due.tick(), if self.check_policy_ids.is_some() && known.policy.is_some() => {
@@ -211,11 +260,17 @@ impl Watch {
                 },
                 Some(event) = templates.next() => self.template_event(&mut known, event),
                 Some(event) = namespaces.next() => match event {
-                    Ok(event) => self.namespace_event(&mut known, event),
+                    Ok(event) => {
+                        self.namespace_event(&mut known, event);
+                        share_scope(scope.as_ref(), &known);
+                    }
                     Err(error) => tracing::warn!(%error, "the watch of the namespaces failed; it resumes, or lists again"),
                 },
                 Some(event) = policies.next() => match event {
-                    Ok(event) => self.policy_event(&mut known, event),
+                    Ok(event) => {
+                        self.policy_event(&mut known, event);
+                        share_scope(scope.as_ref(), &known);
+                    }
                     Err(error) => tracing::warn!(%error, "the watch of the swapping policy failed; it resumes, or lists again"),
                 },
             }
@@ -287,6 +342,10 @@ impl Watch {
     }
 
     fn template_event(&self, known: &mut Known, event: TemplateEvent) {
+        // Watched for the in-use set only (`--no-templates`): nothing to fill.
+        if !self.templates {
+            return;
+        }
         match event {
             TemplateEvent::Init(kind) => {
                 known.templates_listing.insert(kind, BTreeSet::new());
