@@ -34,9 +34,20 @@ struct Watch {
 impl Watch {
     fn start(kubeconfig: &Path, cluster: &str, log: PathBuf) -> Watch {
         let child = fill_mirror()
-            .args(["watch", "--insecure", "--log-format", "text", "--no-reports"])
+            .args([
+                "watch",
+                "--insecure",
+                "--log-format",
+                "text",
+                "--no-reports",
+            ])
             .args(["--no-templates", "--period", "2", "--listen", "127.0.0.1:0"])
-            .args(["--cluster-id", cluster, "--lease", &format!("fill-{cluster}")])
+            .args([
+                "--cluster-id",
+                cluster,
+                "--lease",
+                &format!("fill-{cluster}"),
+            ])
             .env("KUBECONFIG", kubeconfig)
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
@@ -78,7 +89,11 @@ fn read_set(host: &str, cluster: &str) -> Option<InUseSet> {
         "application/vnd.oci.image.manifest.v1+json",
     )?;
     let manifest: Value = serde_json::from_slice(&manifest).ok()?;
-    assert_eq!(manifest["artifactType"], in_use_set::MEDIA_TYPE, "{manifest}");
+    assert_eq!(
+        manifest["artifactType"],
+        in_use_set::MEDIA_TYPE,
+        "{manifest}"
+    );
     assert_eq!(
         manifest["config"]["mediaType"], "application/vnd.oci.empty.v1+json",
         "{manifest}"
@@ -220,9 +235,9 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
     apply(&rig.plane, &deployment("d", "src.example/app/d:1", 0));
     // D's first ReplicaSet, then the update that makes it a rollback target only.
     let replica_sets = |app: &str| {
-        let listed = rig
-            .plane
-            .get_json(&["replicasets", "-n", "default", "-l", &format!("app={app}")]);
+        let listed =
+            rig.plane
+                .get_json(&["replicasets", "-n", "default", "-l", &format!("app={app}")]);
         listed["items"].as_array().map_or(0, Vec::len)
     };
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -232,7 +247,10 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
     }
     apply(&rig.plane, &deployment("d", "src.example/app/d:2", 0));
     while replica_sets("d") < 2 {
-        assert!(Instant::now() < deadline, "no second ReplicaSet of Deployment d");
+        assert!(
+            Instant::now() < deadline,
+            "no second ReplicaSet of Deployment d"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 
@@ -260,9 +278,13 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
             "the anchor {repository}:{tag}"
         );
     }
-    assert_eq!(named(&set, "hub/app/e", &[&unnamed]), [(unnamed.as_str(), false)]);
     assert_eq!(
-        rig.mirror.digest_of("hub/app/e", &anchor_tag("east", &unnamed).expect("tag")),
+        named(&set, "hub/app/e", &[&unnamed]),
+        [(unnamed.as_str(), false)]
+    );
+    assert_eq!(
+        rig.mirror
+            .digest_of("hub/app/e", &anchor_tag("east", &unnamed).expect("tag")),
         None
     );
     let why = |digest: &str| {
@@ -275,7 +297,11 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
     assert!(why(&b).contains("Deployment default/b"), "{}", why(&b));
     assert!(why(&c).contains("CronJob default/c"), "{}", why(&c));
     assert!(why(&d).contains("(revision 1)"), "{}", why(&d));
-    assert!(why(&signature).contains(&format!("attached to {a}")), "{}", why(&signature));
+    assert!(
+        why(&signature).contains(&format!("attached to {a}")),
+        "{}",
+        why(&signature)
+    );
     // The relay carried the watch's requests: the mirror was asked at a distance.
     assert!(rig.far.requests.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }
@@ -291,16 +317,26 @@ fn a_restart_keeps_what_was_seen_before_and_two_clusters_publish_two_sets() {
     let started = Timestamp::now();
     let first = Watch::start(&rig.plane.kubeconfig, "west", rig.scratch.join("first.log"));
     let set = set_after(&rig.mirror.host, "west", started, &first);
-    assert_eq!(named(&set, "hub/app/kept", &[&kept]), [(kept.as_str(), true)]);
+    assert_eq!(
+        named(&set, "hub/app/kept", &[&kept]),
+        [(kept.as_str(), true)]
+    );
     let seen = set.images[0].last_seen;
     drop(first);
 
     // Nothing names it any more; a new watch, with nothing of the first in memory.
     rig.plane
         .kubectl(&["delete", "deployment", "-n", "default", "kept"], None);
-    apply(&rig.plane, &deployment("other", "src.example/app/other:1", 0));
+    apply(
+        &rig.plane,
+        &deployment("other", "src.example/app/other:1", 0),
+    );
     let restarted = Timestamp::now();
-    let second = Watch::start(&rig.plane.kubeconfig, "west", rig.scratch.join("second.log"));
+    let second = Watch::start(
+        &rig.plane.kubeconfig,
+        "west",
+        rig.scratch.join("second.log"),
+    );
     let set = set_after(&rig.mirror.host, "west", restarted, &second);
     assert_eq!(
         named(&set, "hub/app/kept", &[&kept]),
@@ -308,15 +344,37 @@ fn a_restart_keeps_what_was_seen_before_and_two_clusters_publish_two_sets() {
         "the entry seen before the restart was forgotten: {set:#?}"
     );
     let entry = set.images.iter().find(|i| i.digest == kept).expect("kept");
-    assert_eq!(entry.last_seen, seen, "its lastSeen is the one it was seen at");
-    assert_eq!(named(&set, "hub/app/other", &[&other]), [(other.as_str(), true)]);
+    assert_eq!(
+        entry.last_seen, seen,
+        "its lastSeen is the one it was seen at"
+    );
+    assert_eq!(
+        named(&set, "hub/app/other", &[&other]),
+        [(other.as_str(), true)]
+    );
 
     // A second cluster's watch (another id) into the same registry: both sets readable.
-    let third = Watch::start(&rig.plane.kubeconfig, "north", rig.scratch.join("third.log"));
+    let third = Watch::start(
+        &rig.plane.kubeconfig,
+        "north",
+        rig.scratch.join("third.log"),
+    );
     let north = set_after(&rig.mirror.host, "north", restarted, &third);
     let west = read_set(&rig.mirror.host, "west").expect("west's set");
-    assert_eq!((north.cluster.as_str(), west.cluster.as_str()), ("north", "west"));
-    assert_eq!(named(&north, "hub/app/other", &[&other]), [(other.as_str(), true)]);
-    assert_eq!(named(&north, "hub/app/kept", &[&kept]), [(kept.as_str(), false)]);
-    assert_eq!(named(&west, "hub/app/kept", &[&kept]), [(kept.as_str(), true)]);
+    assert_eq!(
+        (north.cluster.as_str(), west.cluster.as_str()),
+        ("north", "west")
+    );
+    assert_eq!(
+        named(&north, "hub/app/other", &[&other]),
+        [(other.as_str(), true)]
+    );
+    assert_eq!(
+        named(&north, "hub/app/kept", &[&kept]),
+        [(kept.as_str(), false)]
+    );
+    assert_eq!(
+        named(&west, "hub/app/kept", &[&kept]),
+        [(kept.as_str(), true)]
+    );
 }

@@ -222,3 +222,58 @@ pub fn in_mirror(image: &str, policy: &Policy) -> Vec<InMirror> {
         .map(|source| source.targets.iter().map(pinned).collect())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn replica_set(name: &str, owner: &str, revision: u64) -> ReplicaSet {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": "shop",
+                "annotations": {REVISION: revision.to_string()},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                     "uid": owner, "controller": true}],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_rollback_reaches_the_current_replica_set_and_the_history_the_limit_keeps() {
+        let web: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-web"},
+            "spec": {"revisionHistoryLimit": 1, "selector": {}, "template": {}},
+        }))
+        .unwrap();
+        let sets = [
+            replica_set("web-1", "u-web", 1),
+            replica_set("web-3", "u-web", 3),
+            replica_set("web-2", "u-web", 2),
+            replica_set("gone-1", "u-deleted", 1),
+        ];
+        let objects = Objects {
+            deployments: vec![&web],
+            replica_sets: sets.iter().collect(),
+            ..Objects::default()
+        };
+        let mut kept: Vec<(String, u64)> = rollback_targets(&objects)
+            .into_iter()
+            .map(|(set, revision)| (set.metadata.name.clone().unwrap(), revision))
+            .collect();
+        kept.sort();
+        assert_eq!(kept, [("web-2".to_string(), 2), ("web-3".to_string(), 3)]);
+    }
+
+    #[test]
+    fn an_image_id_names_a_digest_and_a_bare_image_id_does_not() {
+        let digest = "sha256:92fa270a8071da49ccdad2b13d1a7db83ae7749a89946990b1cf6c9b09131374";
+        assert_eq!(
+            pulled_digest(&format!("docker-pullable://m.io/hub/web@{digest}")),
+            Some(format!("m.io/hub/web@{digest}"))
+        );
+        assert_eq!(pulled_digest(digest), None);
+        assert_eq!(pulled_digest(""), None);
+    }
+}
