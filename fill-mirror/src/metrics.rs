@@ -260,12 +260,23 @@ mod tests {
                 registry: "m.io".into(),
             })
             .set(3);
+        let mirror = RegistryLabel {
+            registry: "m.io".into(),
+        };
+        metrics.in_use_images.get_or_create(&mirror).set(7);
+        metrics.in_use_anchors.get_or_create(&mirror).inc();
+        metrics.in_use_published.get_or_create(&mirror).set(1.5);
+        metrics.in_use_publish_failures.get_or_create(&mirror).inc();
         let text = metrics.encode();
         for line in [
             "fill_mirror_copies_total{result=\"copied\"} 1",
             "fill_mirror_copies_total{result=\"gone\"} 0",
             "fill_mirror_copies_total{result=\"failed\"} 0",
             "fill_mirror_missing_images{registry=\"m.io\"} 3",
+            "fill_mirror_in_use_images{registry=\"m.io\"} 7",
+            "fill_mirror_in_use_anchors_written_total{registry=\"m.io\"} 1",
+            "fill_mirror_in_use_published_timestamp_seconds{registry=\"m.io\"} 1.5",
+            "fill_mirror_in_use_publish_failures_total{registry=\"m.io\"} 1",
             "fill_mirror_queue_depth 0",
             "fill_mirror_leader 0",
             "# TYPE fill_mirror_copy_duration_seconds histogram",

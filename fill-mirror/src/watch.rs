@@ -4,7 +4,7 @@
 //! the settings in force; a change of the settings reads every record again at once. It follows
 //! the workload templates of the namespaces the policy covers (`coverage.rs`, with a watch of the
 //! namespaces' labels). Each period it also reads the check role's reports and fills what their
-//! findings name.
+//! findings name. With retention on, its template watches also fill the in-use set's stores.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 
 use crate::board::Board;
 use crate::coverage::Coverage;
-use crate::in_use::{Scope, Writers};
+use crate::in_use::{Scope, ScopeSender, Writers};
 use crate::metrics::{Health, Metrics};
 use crate::runner::lock;
 use crate::source::{
@@ -55,7 +55,7 @@ pub struct Watch {
     pub period: std::time::Duration,
     /// With retention on: the in-use set's stores of the workload kinds, filled by the
     /// template watches, and where the policy's scope is sent as it changes.
-    pub in_use: Option<(Writers, tokio::sync::watch::Sender<Option<Scope>>)>,
+    pub in_use: Option<(Writers, ScopeSender)>,
 }
 
 /// The board's key of the copies the check role's reports name: filled as a template's are
@@ -143,16 +143,6 @@ where
         .boxed()
 }
 
-/// Sends the policy's settings and coverage as they now are to the in-use set's publishing.
-fn share_scope(scope: Option<&tokio::sync::watch::Sender<Option<Scope>>>, known: &Known) {
-    if let (Some(scope), Some(policy)) = (scope, known.policy.as_ref()) {
-        scope.send_replace(Some(Scope {
-            policy: policy.clone(),
-            coverage: known.coverage.clone(),
-        }));
-    }
-}
-
 struct Known {
     policy: Option<Policy>,
     /// The recorded Pods as last seen, to read again when the settings change.
@@ -204,38 +194,21 @@ impl Watch {
         )
         .default_backoff()
         .boxed();
-        let (writers, scope) = match self.in_use.take() {
-            Some((writers, scope)) => (Some(writers), Some(scope)),
-            None => (None, None),
+        let (mut w, scope) = match self.in_use.take() {
+            Some((writers, scope)) => (writers, Some(scope)),
+            None => (Writers::default(), None),
         };
         // The in-use set needs the workload kinds whether or not their templates are filled.
-        let mut templates = if self.templates || writers.is_some() {
-            let c = &self.client;
-            let template = "/spec/template/spec";
-            let (deployments, stateful_sets, daemon_sets, replica_sets, jobs, cron_jobs) =
-                match writers {
-                    Some(w) => (
-                        Some(w.deployments),
-                        Some(w.stateful_sets),
-                        Some(w.daemon_sets),
-                        Some(w.replica_sets),
-                        Some(w.jobs),
-                        Some(w.cron_jobs),
-                    ),
-                    None => (None, None, None, None, None, None),
-                };
+        let mut templates = if self.templates || w.wanted() {
+            let (c, spec) = (&self.client, "/spec/template/spec");
+            let cron_spec = "/spec/jobTemplate/spec/template/spec";
             futures::stream::select_all([
-                templates_of::<Deployment>(c, "Deployment", template, deployments),
-                templates_of::<StatefulSet>(c, "StatefulSet", template, stateful_sets),
-                templates_of::<DaemonSet>(c, "DaemonSet", template, daemon_sets),
-                templates_of::<ReplicaSet>(c, "ReplicaSet", template, replica_sets),
-                templates_of::<Job>(c, "Job", template, jobs),
-                templates_of::<CronJob>(
-                    c,
-                    "CronJob",
-                    "/spec/jobTemplate/spec/template/spec",
-                    cron_jobs,
-                ),
+                templates_of::<Deployment>(c, "Deployment", spec, w.deployments.take()),
+                templates_of::<StatefulSet>(c, "StatefulSet", spec, w.stateful_sets.take()),
+                templates_of::<DaemonSet>(c, "DaemonSet", spec, w.daemon_sets.take()),
+                templates_of::<ReplicaSet>(c, "ReplicaSet", spec, w.replica_sets.take()),
+                templates_of::<Job>(c, "Job", spec, w.jobs.take()),
+                templates_of::<CronJob>(c, "CronJob", cron_spec, w.cron_jobs.take()),
             ])
             .boxed()
         } else {
@@ -245,7 +218,7 @@ impl Watch {
         // The first tick is at once: the reports are read as soon as the settings are in.
         let mut reports_due = tokio::time::interval(self.period);
         reports_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        share_scope(scope.as_ref(), &known);
+        Scope::share(scope.as_ref(), known.policy.as_ref(), &known.coverage);
         loop {
             tokio::select! {
                 _ = reports_due.tick(), if self.check_policy_ids.is_some() && known.policy.is_some() => {
@@ -262,14 +235,14 @@ impl Watch {
                 Some(event) = namespaces.next() => match event {
                     Ok(event) => {
                         self.namespace_event(&mut known, event);
-                        share_scope(scope.as_ref(), &known);
+                        Scope::share(scope.as_ref(), known.policy.as_ref(), &known.coverage);
                     }
                     Err(error) => tracing::warn!(%error, "the watch of the namespaces failed; it resumes, or lists again"),
                 },
                 Some(event) = policies.next() => match event {
                     Ok(event) => {
                         self.policy_event(&mut known, event);
-                        share_scope(scope.as_ref(), &known);
+                        Scope::share(scope.as_ref(), known.policy.as_ref(), &known.coverage);
                     }
                     Err(error) => tracing::warn!(%error, "the watch of the swapping policy failed; it resumes, or lists again"),
                 },

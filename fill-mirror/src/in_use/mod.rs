@@ -18,6 +18,9 @@ use image_swapper_policy::policy::Policy;
 
 use crate::coverage::Coverage;
 
+/// Where the watch sends the policy's scope.
+pub type ScopeSender = tokio::sync::watch::Sender<Option<Scope>>;
+
 pub use publish::publish_every_period;
 pub use stores::{Stores, Writers};
 
@@ -40,4 +43,16 @@ pub struct Retention {
 pub struct Scope {
     pub policy: Policy,
     pub coverage: Coverage,
+}
+
+impl Scope {
+    /// Sends the settings in force and the coverage as they now are, once there are settings.
+    pub fn share(to: Option<&ScopeSender>, policy: Option<&Policy>, coverage: &Coverage) {
+        if let (Some(to), Some(policy)) = (to, policy) {
+            to.send_replace(Some(Scope {
+                policy: policy.clone(),
+                coverage: coverage.clone(),
+            }));
+        }
+    }
 }

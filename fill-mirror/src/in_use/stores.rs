@@ -25,14 +25,23 @@ pub struct Stores {
     pub cron_jobs: Store<CronJob>,
 }
 
-/// The workload kinds' writers, for the watch's template watches.
+/// The workload kinds' writers, for the watch's template watches (each taken by its watch;
+/// none when retention is off).
+#[derive(Default)]
 pub struct Writers {
-    pub deployments: Writer<Deployment>,
-    pub replica_sets: Writer<ReplicaSet>,
-    pub stateful_sets: Writer<StatefulSet>,
-    pub daemon_sets: Writer<DaemonSet>,
-    pub jobs: Writer<Job>,
-    pub cron_jobs: Writer<CronJob>,
+    pub deployments: Option<Writer<Deployment>>,
+    pub replica_sets: Option<Writer<ReplicaSet>>,
+    pub stateful_sets: Option<Writer<StatefulSet>>,
+    pub daemon_sets: Option<Writer<DaemonSet>>,
+    pub jobs: Option<Writer<Job>>,
+    pub cron_jobs: Option<Writer<CronJob>>,
+}
+
+impl Writers {
+    /// Whether any store waits for a watch.
+    pub fn wanted(&self) -> bool {
+        self.deployments.is_some()
+    }
 }
 
 /// What a snapshot of the stores holds, owned for the time of one pass.
@@ -67,12 +76,12 @@ impl Stores {
                 cron_jobs,
             },
             Writers {
-                deployments: deployments_writer,
-                replica_sets: replica_sets_writer,
-                stateful_sets: stateful_sets_writer,
-                daemon_sets: daemon_sets_writer,
-                jobs: jobs_writer,
-                cron_jobs: cron_jobs_writer,
+                deployments: Some(deployments_writer),
+                replica_sets: Some(replica_sets_writer),
+                stateful_sets: Some(stateful_sets_writer),
+                daemon_sets: Some(daemon_sets_writer),
+                jobs: Some(jobs_writer),
+                cron_jobs: Some(cron_jobs_writer),
             },
             pods_writer,
         )
