@@ -229,6 +229,44 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
         "hub/app/a",
         &format!("{}.sig", a.replacen(':', "-", 1)),
     );
+    // A Pod of its own, swapped to the mirror's tag, that runs Q1 (its imageID) while the tag
+    // has moved on to Q2 since; one pinned to P. No node runs them: their status is written as
+    // a kubelet would.
+    let q1 = push("q1", "hub/app/q");
+    let q2 = push("q2", "hub/app/q");
+    let p = push("p", "hub/app/p");
+    let bare_pod = |name: &str, image: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "default"},
+               "spec": {"containers": [{"name": "c", "image": image}]}})
+    };
+    apply(
+        &rig.plane,
+        &bare_pod("runs-q", &format!("{}/hub/app/q:1", rig.far.host)),
+    );
+    apply(
+        &rig.plane,
+        &bare_pod("pinned-p", &format!("{}/hub/app/p@{p}", rig.far.host)),
+    );
+    let status = json!({"status": {"phase": "Running", "containerStatuses": [{
+        "name": "c", "image": format!("{}/hub/app/q:1", rig.far.host),
+        "imageID": format!("{}/hub/app/q@{q1}", rig.far.host),
+        "ready": true, "restartCount": 0, "started": true,
+        "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}},
+    }]}});
+    let status = status.to_string();
+    let patch = [
+        "patch",
+        "pod",
+        "runs-q",
+        "-n",
+        "default",
+        "--subresource=status",
+    ];
+    rig.plane.kubectl(
+        &[&patch[..], &["--type=merge", "-p", &status]].concat(),
+        None,
+    );
     apply(&rig.plane, &deployment("a", "src.example/app/a:1", 1));
     apply(&rig.plane, &deployment("b", "src.example/app/b:1", 0));
     apply(&rig.plane, &cron_job("c", "src.example/app/c:1"));
@@ -264,6 +302,9 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
         ("hub/app/c", c.as_str()),
         ("hub/app/d", d.as_str()),
         ("hub/app/d", d2.as_str()),
+        ("hub/app/q", q1.as_str()),
+        ("hub/app/q", q2.as_str()),
+        ("hub/app/p", p.as_str()),
     ];
     for (repository, digest) in expected {
         assert_eq!(
@@ -294,6 +335,7 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
             .map(|i| i.used_by.join("; "))
             .unwrap_or_default()
     };
+    assert!(why(&q1).contains("Pod default/runs-q"), "{}", why(&q1));
     assert!(why(&b).contains("Deployment default/b"), "{}", why(&b));
     assert!(why(&c).contains("CronJob default/c"), "{}", why(&c));
     assert!(why(&d).contains("(revision 1)"), "{}", why(&d));
