@@ -85,14 +85,7 @@ impl Publisher {
         for failure in &found.failures {
             tracing::warn!(%failure, "a lookup of an image in use failed; what the set named before stays in it");
         }
-        let registries: BTreeSet<String> = scope
-            .policy
-            .router
-            .targets
-            .iter()
-            .chain(&scope.policy.router.default_mirrors)
-            .map(|target| target.host().to_string())
-            .collect();
+        let registries = registries(scope);
         for registry in registries {
             if let Err(error) = self.publish(&registry, &found, scope).await {
                 self.metrics
@@ -239,6 +232,20 @@ fn label(registry: &str) -> RegistryLabel {
     RegistryLabel {
         registry: registry.to_string(),
     }
+}
+
+/// The mirror registries a set is published to: the hosts of the targets, but for a host whose
+/// every target is a pull-through cache (it takes no push).
+fn registries(scope: &Scope) -> BTreeSet<String> {
+    let router = &scope.policy.router;
+    let pushed = router.rules.iter().flat_map(|rule| {
+        rule.targets
+            .iter()
+            .filter(|target| !target.pull_through)
+            .map(|target| target.prefix.host().to_string())
+    });
+    let defaults = router.default_mirrors.iter().map(|m| m.host().to_string());
+    pushed.chain(defaults).collect()
 }
 
 /// Whether `repository` (`host/path`) lies under a target marked `pullThrough`.
