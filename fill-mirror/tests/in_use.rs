@@ -32,15 +32,14 @@ struct Watch {
 }
 
 impl Watch {
-    fn start(kubeconfig: &Path, cluster: &str, log: PathBuf) -> Watch {
-        let child = fill_mirror()
-            .args([
-                "watch",
-                "--insecure",
-                "--log-format",
-                "text",
-                "--no-reports",
-            ])
+    fn start(kubeconfig: &Path, cluster: &str, log: PathBuf, auth_file: Option<&Path>) -> Watch {
+        let mut command = fill_mirror();
+        command.arg("watch");
+        if let Some(auth_file) = auth_file {
+            command.arg("--auth-file").arg(auth_file);
+        }
+        let child = command
+            .args(["--insecure", "--log-format", "text", "--no-reports"])
             .args(["--no-templates", "--period", "2", "--listen", "127.0.0.1:0"])
             .args([
                 "--cluster-id",
@@ -68,12 +67,16 @@ impl Drop for Watch {
     }
 }
 
+/// The test's own login to the registries that ask for one (`Authorization`).
+static LOGIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// `GET http://host/v2/<path>` with `accept`: the body, or None on any other status than 200.
 fn get(host: &str, path: &str, accept: &str) -> Option<Vec<u8>> {
-    let response = ureq::get(&format!("http://{host}/v2/{path}"))
-        .set("Accept", accept)
-        .call()
-        .ok()?;
+    let mut request = ureq::get(&format!("http://{host}/v2/{path}")).set("Accept", accept);
+    if let Some(login) = LOGIN.get() {
+        request = request.set("Authorization", login);
+    }
+    let response = request.call().ok()?;
     let mut body = Vec::new();
     std::io::Read::read_to_end(&mut response.into_reader(), &mut body).ok()?;
     Some(body)
@@ -173,9 +176,12 @@ struct Rig {
     mirror: TestRegistry,
     far: LatencyProxy,
     scratch: PathBuf,
+    /// With a registry that asks for a login: the auth file the watch reads it from.
+    auth_file: Option<PathBuf>,
 }
 
-fn rig(test: &str, controller_manager: bool) -> Option<Rig> {
+/// The rig; with `login`, a mirror that accepts only that user and password (htpasswd, Basic).
+fn rig(test: &str, controller_manager: bool, login: Option<(&str, &str)>) -> Option<Rig> {
     let tools = find_tools(test)?;
     if controller_manager && !tools.join("bin/kube-controller-manager").exists() {
         assert!(
@@ -190,7 +196,13 @@ fn rig(test: &str, controller_manager: bool) -> Option<Rig> {
     } else {
         ControlPlane::start(tools)
     };
-    let mirror = TestRegistry::start(&format!("{test}-mirror")).expect("mirror registry");
+    let mirror = match login {
+        Some((user, password)) => {
+            TestRegistry::start_with_basic_auth(&format!("{test}-mirror"), user, password)
+        }
+        None => TestRegistry::start(&format!("{test}-mirror")),
+    }
+    .expect("mirror registry");
     let far = LatencyProxy::network(&mirror.host, Duration::from_millis(10)).expect("relay");
     plane.install_policy_crd();
     plane.apply_swapping_policy(
@@ -199,17 +211,26 @@ fn rig(test: &str, controller_manager: bool) -> Option<Rig> {
     );
     let scratch = std::env::temp_dir().join(format!("fill-in-use-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("scratch");
+    let auth_file = login.map(|(user, password)| {
+        let login = rig::registry::basic_auth(user, password);
+        let _ = LOGIN.set(login.clone());
+        let auth = login.trim_start_matches("Basic ").to_string();
+        let path = scratch.join("auth.json");
+        rig::write_json(&path, &json!({"auths": {far.host.clone(): {"auth": auth}}}));
+        path
+    });
     Some(Rig {
         plane,
         mirror,
         far,
         scratch,
+        auth_file,
     })
 }
 
 #[test]
 fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anchored() {
-    let Some(rig) = rig("in-use-named", true) else {
+    let Some(rig) = rig("in-use-named", true, None) else {
         return;
     };
     let push = |content: &str, repository: &str| {
@@ -293,7 +314,12 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
     }
 
     let started = Timestamp::now();
-    let watch = Watch::start(&rig.plane.kubeconfig, "east", rig.scratch.join("watch.log"));
+    let watch = Watch::start(
+        &rig.plane.kubeconfig,
+        "east",
+        rig.scratch.join("watch.log"),
+        rig.auth_file.as_deref(),
+    );
     let set = set_after(&rig.mirror.host, "east", started, &watch);
     let expected = [
         ("hub/app/a", a.as_str()),
@@ -350,18 +376,31 @@ fn pods_templates_scaled_to_zero_cron_jobs_and_rollbacks_are_in_the_set_and_anch
 
 #[test]
 fn a_restart_keeps_what_was_seen_before_and_two_clusters_publish_two_sets() {
-    let Some(rig) = rig("in-use-restart", false) else {
+    // A mirror that asks for a login: every read, blob upload and manifest PUT answers its
+    // challenge with the auth file's.
+    let Some(rig) = rig("in-use-restart", false, Some(("pusher", "push-token"))) else {
         return;
     };
     let kept = Image::new("kept", "linux/amd64").push(&rig.mirror, "hub/app/kept", Some("1"));
     let other = Image::new("other", "linux/amd64").push(&rig.mirror, "hub/app/other", Some("1"));
     apply(&rig.plane, &deployment("kept", "src.example/app/kept:1", 0));
     let started = Timestamp::now();
-    let first = Watch::start(&rig.plane.kubeconfig, "west", rig.scratch.join("first.log"));
+    let first = Watch::start(
+        &rig.plane.kubeconfig,
+        "west",
+        rig.scratch.join("first.log"),
+        rig.auth_file.as_deref(),
+    );
     let set = set_after(&rig.mirror.host, "west", started, &first);
     assert_eq!(
         named(&set, "hub/app/kept", &[&kept]),
         [(kept.as_str(), true)]
+    );
+    let anchor = anchor_tag("west", &kept).expect("an anchor tag");
+    assert_eq!(
+        rig.mirror.digest_of("hub/app/kept", &anchor).as_deref(),
+        Some(kept.as_str()),
+        "the anchor hub/app/kept:{anchor}, put through the registry's login"
     );
     let seen = set.images[0].last_seen;
     drop(first);
@@ -378,6 +417,7 @@ fn a_restart_keeps_what_was_seen_before_and_two_clusters_publish_two_sets() {
         &rig.plane.kubeconfig,
         "west",
         rig.scratch.join("second.log"),
+        rig.auth_file.as_deref(),
     );
     let set = set_after(&rig.mirror.host, "west", restarted, &second);
     assert_eq!(
@@ -400,6 +440,7 @@ fn a_restart_keeps_what_was_seen_before_and_two_clusters_publish_two_sets() {
         &rig.plane.kubeconfig,
         "north",
         rig.scratch.join("third.log"),
+        rig.auth_file.as_deref(),
     );
     let north = set_after(&rig.mirror.host, "north", restarted, &third);
     let west = read_set(&rig.mirror.host, "west").expect("west's set");
