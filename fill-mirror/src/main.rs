@@ -24,6 +24,7 @@ mod registry_http;
 mod runner;
 mod skopeo;
 mod source;
+mod templates;
 mod warm;
 mod watch;
 

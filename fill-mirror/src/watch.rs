@@ -7,24 +7,19 @@
 //! findings name. With retention on, its template watches also fill the in-use set's stores.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::fmt::Debug;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use image_swapper_policy::plan::{copy_for, pod_key, read_record};
 use image_swapper_policy::policy::Policy;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::Resource;
 use kube::api::DynamicObject;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::Notify;
 
@@ -37,6 +32,7 @@ use crate::source::{
     created, policy_from_document, policy_resource, record_selector, report_copies,
     reports_from_cluster,
 };
+use crate::templates::{TemplateEvent, namespace_of, templates_of};
 
 pub struct Watch {
     pub client: Client,
@@ -62,85 +58,9 @@ pub struct Watch {
 /// (there is no Pod record to mark), and replaced at each reading.
 pub const REPORTS: &str = "Reports/check-role";
 
-/// What a workload template watch says: its images, keyed `Kind/namespace/name`.
-enum TemplateEvent {
-    Init(&'static str),
-    Apply(String, Vec<String>),
-    Delete(String),
-    InitDone(&'static str),
-}
-
 /// The namespace of a Pod's key (`namespace/name`).
 fn pod_namespace(key: &str) -> &str {
     key.split('/').next().unwrap_or_default()
-}
-
-/// The namespace of a template's key, `Kind/namespace/name`.
-fn namespace_of(key: &str) -> Option<&str> {
-    key.split('/').nth(1)
-}
-
-/// The images of a Pod template's containers and init containers.
-fn template_images(object: &Value, spec: &str) -> Vec<String> {
-    let Some(spec) = object.pointer(spec) else {
-        return Vec::new();
-    };
-    ["containers", "initContainers"]
-        .iter()
-        .filter_map(|list| spec.get(list)?.as_array())
-        .flatten()
-        .filter_map(|container| Some(container.get("image")?.as_str()?.to_string()))
-        .collect()
-}
-
-/// The watch of one workload kind, as template events; `spec` is where its Pod spec lies. With
-/// `store`, the objects are also kept there (the in-use set's), from the same watch.
-fn templates_of<K>(
-    client: &Client,
-    kind: &'static str,
-    spec: &'static str,
-    store: Option<Writer<K>>,
-) -> BoxStream<'static, TemplateEvent>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + serde::Serialize
-        + 'static,
-{
-    let events = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff();
-    let events = match store {
-        Some(store) => events
-            .modify(|object| object.managed_fields_mut().clear())
-            .reflect(store)
-            .boxed(),
-        None => events.boxed(),
-    };
-    events
-        .filter_map(move |event| async move {
-            let keyed = |object: &K| {
-                let value = serde_json::to_value(object).unwrap_or_default();
-                (format!("{kind}/{}", pod_key(&value)), value)
-            };
-            match event {
-                Ok(Event::Init) => Some(TemplateEvent::Init(kind)),
-                Ok(Event::InitDone) => Some(TemplateEvent::InitDone(kind)),
-                Ok(Event::Apply(object) | Event::InitApply(object)) => {
-                    let (key, value) = keyed(&object);
-                    Some(TemplateEvent::Apply(key, template_images(&value, spec)))
-                }
-                Ok(Event::Delete(object)) => Some(TemplateEvent::Delete(keyed(&object).0)),
-                Err(error) => {
-                    tracing::warn!(%kind, %error, "the watch of the workload templates failed; it resumes, or lists again");
-                    None
-                }
-            }
-        })
-        .boxed()
 }
 
 struct Known {
@@ -194,10 +114,8 @@ impl Watch {
         )
         .default_backoff()
         .boxed();
-        let (mut w, scope) = match self.in_use.take() {
-            Some((writers, scope)) => (writers, Some(scope)),
-            None => (Writers::default(), None),
-        };
+        let (mut w, scope) =
+            (self.in_use.take()).map_or((Writers::default(), None), |(w, s)| (w, Some(s)));
         // The in-use set needs the workload kinds whether or not their templates are filled.
         let mut templates = if self.templates || w.wanted() {
             let (c, spec) = (&self.client, "/spec/template/spec");
