@@ -1,13 +1,15 @@
 //! Each period: the set computed from the stores, looked up in the mirror, merged with the set
-//! published before (read back from the mirror at start, so that a restart forgets nothing),
+//! published before (read back from the mirror each time, so that a restart or a failover
+//! forgets nothing; a set that cannot be read back is not overwritten),
 //! every digest anchored (`inuse-<cluster>-<hex>`: the manifest's own bytes put under that
 //! tag, with its own media type), and the set pushed to each mirror registry as an OCI
 //! artifact at `<registry>/<repository>:<cluster>`. Nothing is ever deleted here.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
@@ -19,7 +21,7 @@ use crate::registry_http::RegistryHttp;
 use super::merge::merged;
 use super::mirror::{Manifest, Mirror};
 use super::named::named;
-use super::resolve::{Found, resolve};
+use super::resolve::{AT_ONCE, Found, resolve};
 use super::stores::{Stores, watch_pods};
 use super::{Retention, Scope};
 
@@ -31,10 +33,6 @@ struct Publisher {
     mirror: Mirror,
     referrers: Referrers,
     metrics: Arc<Metrics>,
-    /// Per registry host, the set last published or read back; absent until it was read.
-    previous: BTreeMap<String, Option<InUseSet>>,
-    /// The anchors this process has put (`host/path:tag`): put once each.
-    anchored: HashSet<String>,
 }
 
 /// Computes and publishes the set every period, while this replica leads (or always, with
@@ -52,13 +50,11 @@ pub async fn publish_every_period(
     metrics: Arc<Metrics>,
 ) {
     tokio::spawn(watch_pods(client, pods));
-    let mut publisher = Publisher {
+    let publisher = Publisher {
         mirror: Mirror::new(http.clone()),
         referrers: Referrers::new(http),
         retention,
         metrics,
-        previous: BTreeMap::new(),
-        anchored: HashSet::new(),
     };
     stores.ready().await;
     let _ = scope.wait_for(Option::is_some).await;
@@ -78,7 +74,7 @@ pub async fn publish_every_period(
 }
 
 impl Publisher {
-    async fn pass(&mut self, stores: &Stores, scope: &Scope) {
+    async fn pass(&self, stores: &Stores, scope: &Scope) {
         let snapshot = stores.snapshot();
         let named = named(&snapshot.objects(), scope);
         let found = resolve(&self.mirror, &self.referrers, &named, &scope.policy).await;
@@ -97,21 +93,14 @@ impl Publisher {
         }
     }
 
-    async fn publish(
-        &mut self,
-        registry: &str,
-        found: &Found,
-        scope: &Scope,
-    ) -> Result<(), String> {
+    async fn publish(&self, registry: &str, found: &Found, scope: &Scope) -> Result<(), String> {
         let repository = format!("{registry}/{}", self.retention.repository);
         let cluster = self.retention.cluster.clone();
-        if !self.previous.contains_key(registry) {
-            let read = self.read_back(&repository).await?;
-            tracing::info!(%registry, entries = read.as_ref().map_or(0, |s| s.images.len()), "read back the in-use set published before");
-            self.previous.insert(registry.to_string(), read);
-        }
+        // Read back at each pass, not only at start: a replica that leads again after another
+        // led meanwhile, or a restart, starts from what the mirror holds.
+        let read = self.read_back(&repository).await?;
         let seen = found.seen.get(registry).map_or(&[][..], Vec::as_slice);
-        let previous = self.previous.get(registry).and_then(Option::as_ref);
+        let previous = read.as_ref();
         let set = merged(
             &cluster,
             seen,
@@ -120,10 +109,27 @@ impl Publisher {
             self.retention.keep_for,
             self.retention.period,
         );
-        for image in &set.images {
-            let at = format!("{registry}/{}", image.repository);
-            if let Err(error) = self.anchor(&at, &image.digest, found, scope).await {
-                tracing::warn!(repository = %at, digest = %image.digest, %error, "cannot anchor an image in use; again next period");
+        // Owned items: a stream over borrowed ones trips rustc's Send check of the spawned task
+        // (rust-lang/rust#102211).
+        let anchors: Vec<(String, String)> = (set.images.iter())
+            .map(|image| {
+                (
+                    format!("{registry}/{}", image.repository),
+                    image.digest.clone(),
+                )
+            })
+            .collect();
+        let anchored: Vec<_> = futures::stream::iter(anchors)
+            .map(|(at, digest)| async move {
+                let anchored = self.anchor(&at, &digest, found, scope).await;
+                (at, digest, anchored)
+            })
+            .buffer_unordered(AT_ONCE)
+            .collect()
+            .await;
+        for (at, digest, anchored) in anchored {
+            if let Err(error) = anchored {
+                tracing::warn!(repository = %at, %digest, %error, "cannot anchor an image in use; again next period");
             }
         }
         self.push_set(&repository, &set).await?;
@@ -136,7 +142,6 @@ impl Publisher {
             .get_or_create(&label)
             .set(published);
         tracing::info!(%registry, images = set.images.len(), "published the in-use set");
-        self.previous.insert(registry.to_string(), Some(set));
         Ok(())
     }
 
@@ -164,10 +169,11 @@ impl Publisher {
         Ok(Some(set))
     }
 
-    /// Puts the anchor of `digest` in `repository` (`host/path`), once per process; none in a
-    /// pull-through cache, which takes no push.
+    /// Puts the anchor of `digest` in `repository` (`host/path`) unless the tag names it
+    /// already (asked at each pass: a manifest deleted and copied again loses its tags); none
+    /// in a pull-through cache, which takes no push.
     async fn anchor(
-        &mut self,
+        &self,
         repository: &str,
         digest: &str,
         found: &Found,
@@ -176,8 +182,11 @@ impl Publisher {
         let Some(tag) = anchor_tag(&self.retention.cluster, digest) else {
             return Ok(());
         };
-        let key = format!("{repository}:{tag}");
-        if self.anchored.contains(&key) || pull_through(repository, scope) {
+        if pull_through(repository, scope) {
+            return Ok(());
+        }
+        let held = self.mirror.manifest(repository, &tag).await?;
+        if held.is_some_and(|held| held.digest == digest) {
             return Ok(());
         }
         let manifest = match found.manifests.get(&format!("{repository}@{digest}")) {
@@ -196,7 +205,6 @@ impl Publisher {
             .in_use_anchors
             .get_or_create(&label(registry))
             .inc();
-        self.anchored.insert(key);
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use futures::StreamExt;
 use image_swapper_policy::policy::Policy;
 
 use crate::referrers::{Referrers, index_digests};
@@ -13,6 +14,10 @@ use crate::referrers::{Referrers, index_digests};
 use super::merge::Seen;
 use super::mirror::{Manifest, Mirror};
 use super::named::{InMirror, Named, Pin, in_mirror};
+
+/// Requests to the mirror at once: a pass over many images takes a fraction of a period, and
+/// the registry is not flooded.
+pub const AT_ONCE: usize = 8;
 
 /// The tags cosign attaches to `sha256:<hex>` as `sha256-<hex>.<suffix>`.
 const ATTACHED: [&str; 3] = ["sig", "att", "sbom"];
@@ -47,12 +52,20 @@ pub async fn resolve(
     // (repository, digest) -> what names it.
     let mut digests: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     let mut found = Found::default();
-    for (place, used_by) in wanted {
-        let reference = match &place.pin {
-            Pin::Digest(digest) => digest.clone(),
-            Pin::Tag(tag) => tag.clone(),
-        };
-        match mirror.manifest(&place.repository, &reference).await {
+    let answers: Vec<_> = futures::stream::iter(wanted)
+        .map(|(place, used_by)| async move {
+            let reference = match &place.pin {
+                Pin::Digest(digest) => digest.clone(),
+                Pin::Tag(tag) => tag.clone(),
+            };
+            let answer = mirror.manifest(&place.repository, &reference).await;
+            (place, used_by, answer)
+        })
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    for (place, used_by, answer) in answers {
+        match answer {
             Ok(Some(manifest)) => {
                 let at = (place.repository.clone(), manifest.digest.clone());
                 for child in index_digests(&manifest.bytes).unwrap_or_default() {
@@ -83,10 +96,18 @@ pub async fn resolve(
         }
     }
     let mut attached: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    for (repository, digest) in digests.keys() {
-        for (artifact, manifest) in
-            attached_to(mirror, referrers, repository, digest, &mut found.failures).await
-        {
+    let keys: Vec<(String, String)> = digests.keys().cloned().collect();
+    let lists: Vec<_> = futures::stream::iter(keys)
+        .map(|(repository, digest)| async move {
+            let (list, failures) = attached_to(mirror, referrers, &repository, &digest).await;
+            (repository, digest, list, failures)
+        })
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    for (repository, digest, list, failures) in lists {
+        found.failures.extend(failures);
+        for (artifact, manifest) in list {
             attached
                 .entry((repository.clone(), artifact.clone()))
                 .or_default()
@@ -119,11 +140,10 @@ async fn attached_to(
     referrers: &Referrers,
     repository: &str,
     digest: &str,
-    failures: &mut Vec<String>,
-) -> Vec<(String, Option<Manifest>)> {
-    let mut attached = Vec::new();
+) -> (Vec<(String, Option<Manifest>)>, Vec<String>) {
+    let (mut attached, mut failures) = (Vec::new(), Vec::new());
     let Some(hex) = digest.strip_prefix("sha256:") else {
-        return attached;
+        return (attached, failures);
     };
     for suffix in ATTACHED {
         match mirror
@@ -139,5 +159,5 @@ async fn attached_to(
         Ok(listed) => attached.extend(listed.into_iter().flatten().map(|d| (d, None))),
         Err(error) => failures.push(error),
     }
-    attached
+    (attached, failures)
 }
