@@ -57,8 +57,8 @@ pub enum Mode {
         /// A failed copy waits this many seconds, doubled at each failure up to 300.
         #[arg(long, default_value_t = 10)]
         retry: u64,
-        /// How often an image a template names is looked up again, and finished copies
-        /// nothing names are forgotten, in seconds.
+        /// How often an image a template names is looked up again, finished copies nothing
+        /// names are forgotten, and the in-use set is published, in seconds.
         #[arg(long, default_value_t = 600)]
         period: u64,
         /// Do not follow the workload templates (Deployments, StatefulSets, DaemonSets,
@@ -72,6 +72,8 @@ pub enum Mode {
         check: Check,
         #[command(flatten)]
         election: Election,
+        #[command(flatten)]
+        retention: RetentionArgs,
     },
     /// Delete from a plain mirror what no cluster's in-use set has named for --keep-for (a dry
     /// run unless --delete); exit 0 when it ran, 1 when a deletion failed, 2 when it could not
@@ -110,6 +112,22 @@ pub struct Prune {
     pub insecure: bool,
     #[command(flatten)]
     pub access: credentials::AccessArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct RetentionArgs {
+    /// This cluster's id in the in-use set it publishes into each mirror registry (the set's
+    /// tag, and part of every anchor tag `inuse-<id>-<hex>`): 1 to 40 of a-z, 0-9 and '-'.
+    /// Without it the in-use set is neither computed nor published: retention is off, and
+    /// neither the prune nor the registries' keep rules know what this cluster uses.
+    #[arg(long)]
+    pub cluster_id: Option<String>,
+    /// The repository under each mirror registry the in-use set is published in.
+    #[arg(long, default_value = crate::in_use_set::DEFAULT_REPOSITORY)]
+    pub in_use_repository: String,
+    /// How long, in days, an image no longer in use stays in the set (and anchored).
+    #[arg(long, default_value_t = 30)]
+    pub keep_for: u64,
 }
 
 #[derive(Args)]

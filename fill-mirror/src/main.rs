@@ -12,8 +12,8 @@ mod cli;
 mod coverage;
 mod credentials;
 mod digest;
-// The retention's shared record: the watch publishes it, the prune reads it (both being built).
-#[allow(dead_code)]
+mod in_use;
+// The retention's shared record: the watch publishes it, the prune reads it.
 mod in_use_set;
 mod leader;
 mod metrics;
@@ -27,6 +27,7 @@ mod retention;
 mod runner;
 mod skopeo;
 mod source;
+mod templates;
 mod warm;
 mod watch;
 
@@ -77,6 +78,7 @@ fn main() -> ExitCode {
                 no_reports,
                 check,
                 election,
+                retention,
             } => {
                 let timing = Timing {
                     retry: Duration::from_secs(retry.max(1)),
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
                     Follow {
                         templates: !no_templates,
                         reports: (!no_reports).then_some(check),
+                        retention,
                     },
                     election,
                 )
