@@ -1214,6 +1214,9 @@ fn the_fill_controller_fills_and_marks_with_the_rights_deploy_gives_it() {
             "1",
             "--log-format",
             "text",
+            // As deploy/base runs it: the cluster id read with the ServiceAccount's rights.
+            "--cluster-id",
+            "auto",
         ])
         .args([
             "--listen",
@@ -1237,6 +1240,20 @@ fn the_fill_controller_fills_and_marks_with_the_rights_deploy_gives_it() {
         }
         std::thread::sleep(Duration::from_millis(250));
     };
+    // The in-use set, published under the UID of kube-system (`--cluster-id auto`, read with
+    // the ServiceAccount's list of namespaces) into the mirror, as deploy/base runs the watch.
+    let cluster = plane.get_json(&["namespace", "kube-system"])["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let published = loop {
+        let published = mirror.digest_of("image-swapper/in-use", &cluster);
+        if published.is_some() || Instant::now() > deadline {
+            break published;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
     // The template watches start with the Pods'; give a refusal of theirs the time to show.
     std::thread::sleep(Duration::from_secs(2));
     let _ = child.kill();
@@ -1256,5 +1273,9 @@ fn the_fill_controller_fills_and_marks_with_the_rights_deploy_gives_it() {
     assert!(
         !logged.to_ascii_lowercase().contains("forbidden"),
         "a call the rights do not allow:\n{logged}"
+    );
+    assert!(
+        published.is_some(),
+        "no in-use set image-swapper/in-use:{cluster} in the mirror:\n{logged}"
     );
 }

@@ -117,9 +117,11 @@ pub struct Prune {
 #[derive(Args, Clone)]
 pub struct RetentionArgs {
     /// This cluster's id in the in-use set it publishes into each mirror registry (the set's
-    /// tag, and part of every anchor tag `inuse-<id>-<hex>`): 1 to 40 of a-z, 0-9 and '-'.
-    /// Without it the in-use set is neither computed nor published: retention is off, and
-    /// neither the prune nor the registries' keep rules know what this cluster uses.
+    /// tag, and part of every anchor tag `inuse-<id>-<hex>`): 1 to 40 of a-z, 0-9 and '-', or
+    /// `auto` for the UID of the namespace kube-system (what deploy/ passes: unique per
+    /// cluster without a value to set). Without it the in-use set is neither computed nor
+    /// published: retention is off, and neither the prune nor the registries' keep rules know
+    /// what this cluster uses.
     #[arg(long)]
     pub cluster_id: Option<String>,
     /// The repository under each mirror registry the in-use set is published in.

@@ -41,8 +41,8 @@ pub async fn watch(
     follow: Follow,
     election: Election,
 ) -> anyhow::Result<u8> {
-    let retention = retention_of(follow.retention, timing.period)?;
     let client = source::client().await?;
+    let retention = retention_of(follow.retention, timing.period, &client).await?;
     let fixed = settings
         .as_deref()
         .map(source::policy_from_file)
@@ -174,12 +174,21 @@ pub async fn watch(
 }
 
 /// The retention's part of the watch, when `--cluster-id` turns it on.
-fn retention_of(args: RetentionArgs, period: Duration) -> anyhow::Result<Option<Retention>> {
-    let Some(cluster) = args.cluster_id else {
-        tracing::info!("no --cluster-id: the in-use set is not published (retention off)");
-        return Ok(None);
+async fn retention_of(
+    args: RetentionArgs,
+    period: Duration,
+    client: &kube::Client,
+) -> anyhow::Result<Option<Retention>> {
+    let cluster = match args.cluster_id.as_deref() {
+        None => {
+            tracing::info!("no --cluster-id: the in-use set is not published (retention off)");
+            return Ok(None);
+        }
+        Some(CLUSTER_ID_AUTO) => kube_system_uid(client).await?,
+        Some(id) => id.to_string(),
     };
     crate::in_use_set::check_cluster_id(&cluster).map_err(anyhow::Error::msg)?;
+    tracing::info!(cluster, "the in-use set is published under this cluster id");
     if args.in_use_repository.is_empty() || args.in_use_repository.starts_with('/') {
         anyhow::bail!(
             "--in-use-repository {:?}: a repository path under the registry",
@@ -192,6 +201,28 @@ fn retention_of(args: RetentionArgs, period: Duration) -> anyhow::Result<Option<
         keep_for: Duration::from_secs(args.keep_for.saturating_mul(86_400)),
         period,
     }))
+}
+
+/// `--cluster-id auto`: the UID of the namespace `kube-system`, which every cluster has, which no
+/// other cluster shares and which lives as long as the cluster (a lowercase UUID: a valid id).
+/// Two clusters under one id would overwrite each other's set, and the prune would then delete
+/// what one of them runs; a name typed per cluster is easier to read but easy to copy.
+pub const CLUSTER_ID_AUTO: &str = "auto";
+
+async fn kube_system_uid(client: &kube::Client) -> anyhow::Result<String> {
+    use k8s_openapi::api::core::v1::Namespace;
+    // A list by name, not a get: the ServiceAccount lists and watches namespaces already.
+    let listed = kube::Api::<Namespace>::all(client.clone())
+        .list(&kube::api::ListParams::default().fields("metadata.name=kube-system"))
+        .await
+        .map_err(|error| {
+            anyhow::anyhow!("--cluster-id auto: could not list the namespace kube-system ({error})")
+        })?;
+    listed
+        .items
+        .into_iter()
+        .find_map(|namespace| namespace.metadata.uid)
+        .ok_or_else(|| anyhow::anyhow!("--cluster-id auto: the namespace kube-system has no uid"))
 }
 
 async fn terminated() {
