@@ -10,6 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use image_swapper_policy::plan::{Copy, FillRecord};
 
+use crate::reports::ReportCopy;
+
 pub use marks::{Mark, MarkResult};
 pub use outcome::{Backoff, CopyItem, Outcome, Status};
 
@@ -109,22 +111,39 @@ impl Board {
     /// record's, so that the first Pod finds the mirror full. A copy the mirror holds is not
     /// asked again (one lookup per distinct image, until the board forgets it).
     pub fn template_seen(&mut self, template: &str, copies: Vec<Copy>) {
+        let copies = copies.into_iter().map(|copy| (copy, None)).collect();
+        self.asked_without_record(template, copies);
+    }
+
+    /// The copies the check role's reports name, under `key`: filled as a template's are (no
+    /// record to mark), each signature copy with the image it signs, so that it is refused as
+    /// a record's is once the source's tag names another digest.
+    pub fn reports_seen(&mut self, key: &str, copies: Vec<ReportCopy>) {
+        let copies = copies.into_iter().map(|c| (c.copy, c.signs)).collect();
+        self.asked_without_record(key, copies);
+    }
+
+    fn asked_without_record(&mut self, key: &str, copies: Vec<(Copy, Option<String>)>) {
         let now = SystemTime::now();
-        for copy in &copies {
+        for (copy, signs) in &copies {
             let item = self
                 .copies
                 .entry(copy.destination.clone())
                 .or_insert_with(|| CopyItem {
                     copy: copy.clone(),
-                    signs: None,
+                    signs: signs.clone(),
                     status: Status::Queued,
                     asked: now,
                     not_before: None,
                     delay: None,
                 });
+            if item.signs.is_none() {
+                item.signs.clone_from(signs);
+            }
             renew(item, copy);
         }
-        self.templates.insert(template.to_string(), copies);
+        let copies = copies.into_iter().map(|(copy, _)| copy).collect();
+        self.templates.insert(key.to_string(), copies);
     }
 
     pub fn template_gone(&mut self, template: &str) {

@@ -21,6 +21,7 @@ mod mode_watch;
 mod platforms;
 mod referrers;
 mod registry_http;
+mod reports;
 mod runner;
 mod skopeo;
 mod source;

@@ -85,9 +85,7 @@ pub async fn watch(
         health: health.clone(),
         wake: wake.clone(),
         templates: follow.templates,
-        check_policy_ids: follow
-            .reports
-            .map(|check| source::check_policy_ids(&check.check_policy)),
+        check_policy: follow.reports.map(|check| check.check_policy),
         period: timing.period,
     };
     let watching = tokio::spawn(watcher.run());

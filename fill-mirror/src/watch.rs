@@ -30,10 +30,10 @@ use tokio::sync::Notify;
 use crate::board::Board;
 use crate::coverage::Coverage;
 use crate::metrics::{Health, Metrics};
+use crate::reports::{guards_from_cluster, report_copies, reports_from_cluster};
 use crate::runner::lock;
 use crate::source::{
-    created, policy_from_document, policy_resource, record_selector, report_copies,
-    reports_from_cluster,
+    check_policy_ids, created, policy_from_document, policy_resource, record_selector,
 };
 
 pub struct Watch {
@@ -47,8 +47,9 @@ pub struct Watch {
     pub wake: Arc<Notify>,
     /// Also follow the workload templates, to fill the mirror ahead of their first Pods.
     pub templates: bool,
-    /// The check role's ids in the reports' results; none: the reports are not read.
-    pub check_policy_ids: Option<Vec<String>>,
+    /// The check role's ClusterAdmissionPolicy, whose results in the reports are read; none:
+    /// the reports are not read.
+    pub check_policy: Option<String>,
     /// How often the reports are read.
     pub period: std::time::Duration,
 }
@@ -199,7 +200,7 @@ impl Watch {
         reports_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = reports_due.tick(), if self.check_policy_ids.is_some() && known.policy.is_some() => {
+                _ = reports_due.tick(), if self.check_policy.is_some() && known.policy.is_some() => {
                     self.read_reports(&mut known).await;
                 }
                 Some(event) = pods.next() => match event {
@@ -369,12 +370,18 @@ impl Watch {
     /// Reads the check role's reports and puts the copies their `fail` results name on the
     /// board, checked against the settings in force; a note for each refused, logged once.
     async fn read_reports(&self, known: &mut Known) {
-        let (Some(policy), Some(ids)) = (known.policy.as_ref(), self.check_policy_ids.as_ref())
+        let (Some(policy), Some(check)) = (known.policy.as_ref(), self.check_policy.as_ref())
         else {
             return;
         };
-        let reports = match reports_from_cluster(&self.client).await {
-            Ok(reports) => reports,
+        let ids = check_policy_ids(check);
+        let read = async {
+            let reports = reports_from_cluster(&self.client).await?;
+            let guards = guards_from_cluster(&self.client, &reports, &ids, check).await?;
+            anyhow::Ok((reports, guards))
+        };
+        let (reports, guards) = match read.await {
+            Ok(read) => read,
             Err(error) => {
                 tracing::warn!(
                     error = format!("{error:#}"),
@@ -383,7 +390,7 @@ impl Watch {
                 return;
             }
         };
-        let (copies, notes) = report_copies(&reports, ids, policy);
+        let (copies, notes) = report_copies(&reports, &ids, policy, &guards);
         tracing::info!(
             reports = reports.len(),
             copies = copies.len(),
@@ -395,7 +402,7 @@ impl Watch {
                 tracing::warn!("{note}");
             }
         }
-        lock(&self.board).template_seen(REPORTS, copies);
+        lock(&self.board).reports_seen(REPORTS, copies);
         self.wake.notify_one();
     }
 
