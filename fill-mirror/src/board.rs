@@ -115,12 +115,24 @@ impl Board {
         self.asked_without_record(template, copies);
     }
 
-    /// The copies the check role's reports name, under `key`: filled as a template's are (no
+    /// The copies the check role's reports name, under `key/<namespace>` (the namespace of the
+    /// report, which asks for them), replacing the last reading's: filled as a template's are (no
     /// record to mark), each signature copy with the image it signs, so that it is refused as
     /// a record's is once the source's tag names another digest.
     pub fn reports_seen(&mut self, key: &str, copies: Vec<ReportCopy>) {
-        let copies = copies.into_iter().map(|c| (c.copy, c.signs)).collect();
-        self.asked_without_record(key, copies);
+        let mut by_namespace: BTreeMap<String, Vec<(Copy, Option<String>)>> = BTreeMap::new();
+        for c in copies {
+            let namespaced = format!("{key}/{}", c.namespace);
+            by_namespace
+                .entry(namespaced)
+                .or_default()
+                .push((c.copy, c.signs));
+        }
+        let listed: BTreeSet<String> = by_namespace.keys().cloned().collect();
+        self.retain_templates(key, &listed);
+        for (namespaced, copies) in by_namespace {
+            self.asked_without_record(&namespaced, copies);
+        }
     }
 
     fn asked_without_record(&mut self, key: &str, copies: Vec<(Copy, Option<String>)>) {
@@ -286,6 +298,28 @@ impl Board {
                 None
             }
         }
+    }
+
+    /// The namespaces that ask for the copy to `destination` now: of the recorded Pods whose
+    /// records name it, and of the templates and reports (keys `Kind/namespace/...`) that do.
+    pub fn requesters(&self, destination: &str) -> BTreeSet<String> {
+        let by_pods = self.pods.iter().filter(|(_, pod)| {
+            pod.record.entries.iter().any(|e| {
+                e.copy.destination == destination
+                    || e.signature
+                        .as_ref()
+                        .is_some_and(|s| s.destination == destination)
+            })
+        });
+        let by_templates = self
+            .templates
+            .iter()
+            .filter(|(_, copies)| copies.iter().any(|c| c.destination == destination));
+        by_pods
+            .filter_map(|(key, _)| key.split('/').next())
+            .chain(by_templates.filter_map(|(key, _)| key.split('/').nth(1)))
+            .map(str::to_string)
+            .collect()
     }
 
     /// Queued and running copies.

@@ -148,6 +148,7 @@ impl Copying {
             binary: self.skopeo.clone(),
             access: Arc::new(credentials::Access::new(&self.access, self.insecure).await?),
             timeout: Duration::from_secs(self.copy_timeout),
+            anonymous_at: None,
         })
     }
 

@@ -8,6 +8,7 @@
 mod auth_file;
 mod ecr;
 mod gar;
+mod source_namespaces;
 mod sources;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -22,6 +23,7 @@ use image_swapper_policy::reference::Reference;
 use auth_file::{merge, read_user_file, write_private};
 use ecr::{Ecr, ecr_clients, ecr_token};
 use gar::{METADATA_HOST, gar_token};
+pub use source_namespaces::SourceNamespaces;
 use sources::{Sources, valid_host};
 
 /// The flags of registry access, shared by `once` and `watch`.
@@ -61,6 +63,16 @@ pub struct AccessArgs {
     /// reads with the same flag.
     #[arg(long, env = "KUBEWARDEN_SOURCES_PATH")]
     pub sources_path: Option<PathBuf>,
+    /// HOST=NAMESPACE[,NAMESPACE...] (`*`: any namespace): a copy from source registry HOST
+    /// uses the login the auth file (or an --ecr-registry or --gar-registry token) holds for it
+    /// only when a listed namespace asks for it; otherwise it reads HOST anonymously.
+    /// Repeatable; in the environment, separated by spaces.
+    #[arg(
+        long = "source-namespaces",
+        env = "FILL_MIRROR_SOURCE_NAMESPACES",
+        value_delimiter = ' '
+    )]
+    pub source_namespaces: Vec<String>,
 }
 
 /// When a token that expires at `expires` (got at `now`) is fetched again: at half its
@@ -75,7 +87,7 @@ pub fn refresh_at(now: SystemTime, expires: SystemTime) -> SystemTime {
 
 /// The registry host an image names (its domain as the policy normalises it), or its text
 /// before the first `/` when it does not parse.
-fn host_of(image: &str) -> String {
+pub fn host_of(image: &str) -> String {
     match Reference::parse(image) {
         Ok(reference) => reference.domain().to_string(),
         Err(_) => image.split('/').next().unwrap_or_default().to_string(),
@@ -113,6 +125,8 @@ pub struct Access {
     /// `--insecure`: every registry plain HTTP or unverified TLS.
     insecure: bool,
     sources: Sources,
+    /// `--source-namespaces`: whose copies may use a source host's login.
+    source_namespaces: SourceNamespaces,
     logins: Option<Logins>,
     ecr: BTreeMap<String, Ecr>,
     /// `--ecr-create-repositories`: the tag mutability of what it creates.
@@ -168,6 +182,7 @@ impl Access {
         let mut access = Access {
             insecure,
             sources: Sources::default(),
+            source_namespaces: SourceNamespaces::parse(&args.source_namespaces)?,
             logins: None,
             ecr: BTreeMap::new(),
             create: None,
@@ -197,7 +212,19 @@ impl Access {
         }
         if args.auth_file.is_some() || !access.ecr.is_empty() || !args.gar_registries.is_empty() {
             if let Some(user_file) = &args.auth_file {
-                read_user_file(user_file)?;
+                let user = read_user_file(user_file)?;
+                let hosts = user
+                    .get("auths")
+                    .and_then(serde_json::Value::as_object)
+                    .map(|auths| auths.keys().map(String::as_str).collect::<Vec<_>>())
+                    .unwrap_or_default();
+                let unlisted = access.source_namespaces.unlisted(hosts);
+                if !unlisted.is_empty() {
+                    tracing::warn!(
+                        hosts = unlisted.join(" "),
+                        "the auth file's logins for these hosts are used for no copy's source (only to push to the mirror): a source registry is read anonymously unless --source-namespaces HOST=NAMESPACE,... lists the namespaces whose copies may use its login"
+                    );
+                }
             }
             if !folder.exists() {
                 make_private(&folder)?;
@@ -259,6 +286,12 @@ impl Access {
         };
         let user = read_user_file(path).map_err(|e| format!("{e:#}"))?;
         Ok(auth_file::entry(&user, host))
+    }
+
+    /// Whether a copy from source `host` that `requesters` (namespaces) ask for may use the
+    /// host's login (`--source-namespaces`); else it reads the source anonymously.
+    pub fn source_login_for(&self, host: &str, requesters: &BTreeSet<String>) -> bool {
+        self.source_namespaces.allows(host, requesters)
     }
 
     /// Whether `host` is asked over plain HTTP (or unverified TLS): `--insecure`, or named in

@@ -29,6 +29,9 @@ pub struct RegistryHttp {
     /// Which hosts are asked over plain HTTP (`--insecure`, sources.yaml's `insecure_sources`,
     /// as skopeo's `--tls-verify=false` falls back to it), and the logins.
     access: Arc<Access>,
+    /// The source host whose login this copy may not use (`--source-namespaces`): asked
+    /// anonymously.
+    anonymous_at: Option<String>,
 }
 
 impl std::fmt::Debug for RegistryHttp {
@@ -74,7 +77,16 @@ impl RegistryHttp {
         Ok(RegistryHttp {
             client: Client::builder(TokioExecutor::new()).build(connector),
             access,
+            anonymous_at: None,
         })
+    }
+
+    /// This client, asking `host` anonymously (a copy whose requesters may not use its login).
+    pub fn anonymous_at(&self, host: Option<String>) -> RegistryHttp {
+        RegistryHttp {
+            anonymous_at: host,
+            ..self.clone()
+        }
     }
 
     /// `scheme://host` of the registry API of `host` (Docker Hub's API host, as
@@ -120,7 +132,10 @@ impl RegistryHttp {
     /// the login itself, Bearer with a token its realm gives for the login (or anonymously
     /// without one).
     pub async fn authorize(&self, challenge: &str, host: &str) -> Result<String, String> {
-        let login = self.access.login(host).await?;
+        let login = match &self.anonymous_at {
+            Some(anonymous) if anonymous == host => None,
+            _ => self.access.login(host).await?,
+        };
         if scheme_is(challenge, "Basic") {
             return match login {
                 Some(login) => Ok(format!("Basic {login}")),

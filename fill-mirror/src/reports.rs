@@ -27,6 +27,8 @@ use crate::source::policy_resource;
 pub struct ReportCopy {
     pub copy: Copy,
     pub signs: Option<String>,
+    /// The namespace of the report (and of its Pod): who asks for the copy.
+    pub namespace: String,
 }
 
 /// What a report's copies are checked against: the Pods it may be about (`namespace/name`),
@@ -373,6 +375,7 @@ pub fn report_copies(
                     Ok(signs) => copies.push(ReportCopy {
                         copy: copy.under(policy, None),
                         signs,
+                        namespace: text(report, "/metadata/namespace").to_string(),
                     }),
                     Err(why) => notes.push(format!(
                         "refused {place} results[{i}] of {id}: its copy docker://{} docker://{} {why}, not run",

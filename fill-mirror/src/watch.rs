@@ -54,9 +54,9 @@ pub struct Watch {
     pub period: std::time::Duration,
 }
 
-/// The board's key of the copies the check role's reports name: filled as a template's are
-/// (there is no Pod record to mark), and replaced at each reading.
-pub const REPORTS: &str = "Reports/check-role";
+/// The board's key of the copies the check role's reports name (`Reports/<namespace>` each):
+/// filled as a template's are (there is no Pod record to mark), and replaced at each reading.
+pub const REPORTS: &str = "Reports";
 
 /// What a workload template watch says: its images, keyed `Kind/namespace/name`.
 enum TemplateEvent {

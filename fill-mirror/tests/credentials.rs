@@ -24,9 +24,10 @@ const ROUND_TRIP: Duration = Duration::from_millis(20);
 
 /// The environment variables of registry access the binary reads, cleared so that the test's
 /// own environment cannot lend it anything.
-const ACCESS_ENV: [&str; 8] = [
+const ACCESS_ENV: [&str; 9] = [
     "REGISTRY_AUTH_FILE",
     "FILL_MIRROR_ECR_REGISTRIES",
+    "FILL_MIRROR_SOURCE_NAMESPACES",
     "KUBEWARDEN_SOURCES_PATH",
     "GCE_METADATA_HOST",
     "AWS_ENDPOINT_URL",
@@ -283,6 +284,11 @@ fn two_ecr_logins_and_the_auth_file_s_own_entries_are_merged_into_one_private_fi
         format!("{},{}", first.host, second.host),
     ));
     env.push(("REGISTRY_AUTH_FILE", auth_file.display().to_string()));
+    // The private source's login, for the namespace of the Pods that ask.
+    env.push((
+        "FILL_MIRROR_SOURCE_NAMESPACES",
+        format!("{}=default", source.host),
+    ));
 
     let run = once(
         &pods,

@@ -781,3 +781,105 @@ fn a_mark_racing_a_change_of_the_record_is_refused_then_sent_for_the_new_record(
         "copied once"
     );
 }
+
+/// A private source (distribution with htpasswd, 20 ms away) whose login the controller's auth
+/// file holds, listed for the namespace `payroll` only (`--source-namespaces`): a tenant's Pod
+/// recorded in `tenant`, naming a private image it has no Secret for, is not copied (the source
+/// is read anonymously for it, and refuses), while `payroll`'s Pod naming another is copied
+/// and marked. Once `tenant` is listed too, its copy is made.
+#[test]
+fn a_private_source_s_login_is_used_only_for_the_namespaces_listed_for_it() {
+    let Some(tools) = find_tools("fill-private-source") else {
+        return;
+    };
+    let plane = ControlPlane::start(tools);
+    let private = TestRegistry::start_with_basic_auth("fill-private-src", "puller", "pull-token")
+        .expect("private source registry");
+    let mirror = TestRegistry::start("fill-private-mirror").expect("mirror registry");
+    let far = rig::proxy::LatencyProxy::network(&private.host, Duration::from_millis(20))
+        .expect("latency proxy");
+    let swap = settings(&far.host, &mirror.host);
+    plane.install_policy_crd();
+    plane.apply_swapping_policy("image-swapper", &swap);
+    let policy = policy(&swap);
+    let ledger = Image::new("ledger", "linux/amd64").push(&private, "private/ledger", Some("1"));
+    let payroll = Image::new("payroll", "linux/amd64").push(&private, "private/payroll", Some("1"));
+    for (namespace, repository) in [("payroll", "private/ledger"), ("tenant", "private/payroll")] {
+        let object = serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace}});
+        plane.kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+        let image = format!("{}/{repository}:1", far.host);
+        let mut pod = recorded_pod("web", &[&image], &[&image], &policy);
+        pod["metadata"]["namespace"] = Value::from(namespace);
+        plane.kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
+    }
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let auth_file = dir.path().join("auth.json");
+    let login = rig::registry::basic_auth("puller", "pull-token");
+    rig::write_json(
+        &auth_file,
+        // The mirror's push login beside the source's, listed for no namespace: warned of.
+        &serde_json::json!({"auths": {
+            far.host.clone(): {"auth": login.trim_start_matches("Basic ")},
+            mirror.host.clone(): {"auth": login.trim_start_matches("Basic ")},
+        }}),
+    );
+    let auth = auth_file.display().to_string();
+    let listed = format!("{}=payroll", far.host);
+    let log = dir.path().join("watch.log");
+    let recorded_in = |namespace: &str| recorded(&plane.get_json(&["pod", "-n", namespace, "web"]));
+    let watch = Watch::spawn(
+        &plane.kubeconfig,
+        &[
+            "--auth-file",
+            &auth,
+            "--source-namespaces",
+            &listed,
+            "--no-reports",
+        ],
+        Some(&log),
+    );
+    assert!(
+        eventually(60, || !recorded_in("payroll")),
+        "payroll's Pod still recorded: {}",
+        log_of(&log)
+    );
+    assert_eq!(mirror.digest_of("hub/private/ledger", "1"), Some(ledger));
+    assert!(
+        eventually(30, || log_of(&log).contains("read anonymously")),
+        "the tenant's copy was not refused by the source: {}",
+        log_of(&log)
+    );
+    assert_eq!(
+        mirror.digest_of("hub/private/payroll", "1"),
+        None,
+        "{}",
+        log_of(&log)
+    );
+    assert!(recorded_in("tenant"), "{}", log_of(&log));
+    let start = log_of(&log);
+    assert!(
+        start.contains("used for no copy's source") && start.contains(&mirror.host),
+        "no warning at start: {start}"
+    );
+    drop(watch);
+
+    // The tenant listed too: its copy is made with the login.
+    let both = format!("{}=payroll,tenant", far.host);
+    let _watch = Watch::spawn(
+        &plane.kubeconfig,
+        &[
+            "--auth-file",
+            &auth,
+            "--source-namespaces",
+            &both,
+            "--no-reports",
+        ],
+        None,
+    );
+    assert!(
+        eventually(60, || !recorded_in("tenant")),
+        "the tenant's Pod still recorded once listed"
+    );
+    assert_eq!(mirror.digest_of("hub/private/payroll", "1"), Some(payroll));
+}
