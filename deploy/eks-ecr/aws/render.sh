@@ -6,7 +6,8 @@
 # `sourceHosts=` (the source registries it holds, comma-separated); and the cluster's OIDC
 # provider id for the IRSA trust policies (the last part of `aws eks describe-cluster --query
 # cluster.identity.oidc.issuer`). Writes into OUT (default: this folder) the two roles' trust
-# policies and, for deploy/eks-ecr, fill-job.json and policy-server-reader.json; for a
+# policies and, for deploy/eks-ecr, fill-job.json and policy-server-reader.json, and the
+# lifecycle CronJob's role (without-creation-template): its trust policy and lifecycle-job.json; for a
 # pull-through overlay (a rule marked pullThrough), pull-through-cache.json, both roles' policy.
 # The files beside this script are its output for the overlays' example values (tests/docs.rs
 # holds them to it). Needs bash and jq.
@@ -48,13 +49,15 @@ render() { jq -n --arg account "$account" --arg region "$region" --arg prefixes 
 repositories='($prefixes | split(",") | map("arn:aws:ecr:\($region):\($account):repository/\(.)/*")
   | if length == 1 then .[0] else . end)'
 token='{Sid: "TokenForTheLookups", Effect: "Allow", Action: "ecr:GetAuthorizationToken", Resource: "*"}'
-for account_name in mirror-credentials fill-mirror; do
+# The IRSA trust policy of the role of ServiceAccount kubewarden/$1.
+trust() {
   render "{Version: \"2012-10-17\", Statement: [{Effect: \"Allow\",
     Principal: {Federated: \"arn:aws:iam::\(\$account):oidc-provider/\(\$issuer)\"},
     Action: \"sts:AssumeRoleWithWebIdentity\",
-    Condition: {StringEquals: {\"\(\$issuer):sub\": \"system:serviceaccount:kubewarden:$account_name\",
-      \"\(\$issuer):aud\": \"sts.amazonaws.com\"}}}]}" "irsa-trust-$account_name.json"
-done
+    Condition: {StringEquals: {\"\(\$issuer):sub\": \"system:serviceaccount:kubewarden:$1\",
+      \"\(\$issuer):aud\": \"sts.amazonaws.com\"}}}]}" "irsa-trust-$1.json"
+}
+for account_name in mirror-credentials fill-mirror; do trust "$account_name"; done
 if ((pull_through > 0)); then
   render "{Version: \"2012-10-17\", Statement: [$token, {Sid: \"LookUpAndFillTheCache\", Effect: \"Allow\",
     Action: [\"ecr:BatchGetImage\", \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchImportUpstreamImage\", \"ecr:CreateRepository\"],
@@ -67,7 +70,12 @@ render "{Version: \"2012-10-17\", Statement: [{Sid: \"PushLogin\", Effect: \"All
   {Sid: \"CreateInspectAndPushUnderTheMirror\", Effect: \"Allow\", Action: [\"ecr:CreateRepository\", \"ecr:BatchGetImage\",
     \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchCheckLayerAvailability\", \"ecr:InitiateLayerUpload\", \"ecr:UploadLayerPart\",
     \"ecr:CompleteLayerUpload\", \"ecr:PutImage\"], Resource: $repositories},
-  {Sid: \"LifecycleOfTheRepositoriesTheJobCreated\", Effect: \"Allow\",
-    Action: [\"ecr:GetLifecyclePolicy\", \"ecr:PutLifecyclePolicy\"], Resource: $repositories},
   {Sid: \"ListTheRepositories\", Effect: \"Allow\", Action: \"ecr:DescribeRepositories\",
     Resource: \"arn:aws:ecr:\(\$region):\(\$account):repository/*\"}]}" fill-job.json
+# The lifecycle CronJob of without-creation-template, a role of its own: setting a lifecycle
+# policy can expire the whole mirror, which the copying identity has no need to.
+trust mirror-lifecycle
+render "{Version: \"2012-10-17\", Statement: [{Sid: \"LifecycleOfTheRepositoriesTheFillControllerCreated\", Effect: \"Allow\",
+    Action: [\"ecr:GetLifecyclePolicy\", \"ecr:PutLifecyclePolicy\"], Resource: $repositories},
+  {Sid: \"ListTheRepositories\", Effect: \"Allow\", Action: \"ecr:DescribeRepositories\",
+    Resource: \"arn:aws:ecr:\(\$region):\(\$account):repository/*\"}]}" lifecycle-job.json
