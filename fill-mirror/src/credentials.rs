@@ -300,12 +300,14 @@ impl Access {
         self.insecure || self.sources.insecure.contains(host)
     }
 
-    /// The CA bundles sources.yaml's `source_authorities` gave, one file per host.
-    pub fn authorities(&self) -> Vec<PathBuf> {
+    /// The CA bundles sources.yaml's `source_authorities` gave, one file per host (`host[:port]`,
+    /// as sources.yaml names it): each is trusted for its own host only, as skopeo's
+    /// `--cert-dir` is.
+    pub fn authorities(&self) -> BTreeMap<String, PathBuf> {
         self.sources
             .cert_dirs
-            .values()
-            .map(|dir| dir.join("ca.crt"))
+            .iter()
+            .map(|(host, dir)| (host.clone(), dir.join("ca.crt")))
             .collect()
     }
 

@@ -671,6 +671,89 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
     );
 }
 
+/// Each sources.yaml authority is trusted for its own host only, by the binary's own client as
+/// by skopeo's `--cert-dir`: two registries on loopback over TLS, each with a certificate of
+/// its own private CA; a pull-through cache (warmed by the binary's client, no skopeo) whose
+/// entry names the other registry's CA is refused even though its own CA is listed, for the
+/// other host; with its own CA under its own name it is warmed.
+#[test]
+fn a_sources_yaml_authority_is_trusted_for_its_own_host_only() {
+    let cache_storage = TestRegistry::start("cred-scope-cache").expect("cache registry");
+    let other_storage = TestRegistry::start("cred-scope-other").expect("other registry");
+    let (cache_ca, cache_cert, cache_key) = private_ca();
+    let (other_ca, other_cert, other_key) = private_ca();
+    let cache = cache_storage
+        .tls_twin(&cache_cert, &cache_key)
+        .expect("the cache over TLS");
+    let other = other_storage
+        .tls_twin(&other_cert, &other_key)
+        .expect("the other registry over TLS");
+    Image::new("scoped", "linux/amd64").push(&cache_storage, "hub/app/web", Some("1"));
+    let dir = tempfile::tempdir().expect("dir");
+    let (pods, settings) = inputs(
+        dir.path(),
+        json!([{"source": "src.example", "target": format!("{}/hub", cache.host), "pullThrough": true}]),
+        &["src.example/app/web:1"],
+    );
+    let entry = |host: &str, ca: &str| {
+        format!(
+            "  \"{host}\":\n    - type: Data\n      data: |\n{}",
+            ca.lines()
+                .map(|line| format!("        {line}\n"))
+                .collect::<String>()
+        )
+    };
+    let crossed = sources_yaml(
+        dir.path(),
+        &format!(
+            "source_authorities:\n{}{}",
+            entry(&cache.host, &other_ca),
+            entry(&other.host, &cache_ca)
+        ),
+    );
+    let run = once(
+        &pods,
+        &settings,
+        &["--sources-path", &crossed.display().to_string()],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}", run.printed());
+    assert!(
+        run.stdout.contains("fill-mirror: 0 copied, 1 failed"),
+        "{}",
+        run.printed()
+    );
+
+    let own = sources_yaml(
+        dir.path(),
+        &format!(
+            "source_authorities:\n{}{}",
+            entry(&cache.host, &cache_ca),
+            entry(&other.host, &other_ca)
+        ),
+    );
+    let run = once(
+        &pods,
+        &settings,
+        &["--sources-path", &own.display().to_string()],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.printed());
+    assert!(
+        run.stdout.contains("fill-mirror: 1 copied, 0 failed"),
+        "{}",
+        run.printed()
+    );
+    assert!(
+        cache
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET /v2/hub/app/web/manifests/1")),
+        "the warming went over TLS: {:?}",
+        cache.requests()
+    );
+}
+
 /// A sources.yaml that is not Kubewarden's form stops the run (exit 2) naming the flag.
 #[test]
 fn a_sources_yaml_in_another_form_stops_the_run_naming_the_flag() {
