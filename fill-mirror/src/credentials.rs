@@ -213,11 +213,8 @@ impl Access {
         if args.auth_file.is_some() || !access.ecr.is_empty() || !args.gar_registries.is_empty() {
             if let Some(user_file) = &args.auth_file {
                 let user = read_user_file(user_file)?;
-                let hosts = user
-                    .get("auths")
-                    .and_then(serde_json::Value::as_object)
-                    .map(|auths| auths.keys().map(String::as_str).collect::<Vec<_>>())
-                    .unwrap_or_default();
+                let auths = user.get("auths").and_then(serde_json::Value::as_object);
+                let hosts = auths.into_iter().flat_map(|a| a.keys().map(String::as_str));
                 let unlisted = access.source_namespaces.unlisted(hosts);
                 if !unlisted.is_empty() {
                     tracing::warn!(
@@ -288,8 +285,7 @@ impl Access {
         Ok(auth_file::entry(&user, host))
     }
 
-    /// Whether a copy from source `host` that `requesters` (namespaces) ask for may use the
-    /// host's login (`--source-namespaces`); else it reads the source anonymously.
+    /// Whether a copy `requesters` (namespaces) ask for may use source `host`'s login.
     pub fn source_login_for(&self, host: &str, requesters: &BTreeSet<String>) -> bool {
         self.source_namespaces.allows(host, requesters)
     }
