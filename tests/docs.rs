@@ -1169,8 +1169,9 @@ fn overlay_mirror(overlay: &str) -> (String, String, String) {
 /// `--ecr-create-repositories` describes and creates a repository) and the `aws ecr` calls of the
 /// lifecycle CronJob, plus what skopeo's copy needs from ECR's registry API (a pull of the
 /// source's layers it checks, a push); the lookups' (the token and a pull); the pull-through
-/// cache's (a pull that fills it). (fill job, reader, cache.)
-fn what_the_roles_do() -> [BTreeSet<&'static str>; 3] {
+/// cache's (a pull that fills it); the lifecycle CronJob's, a role of its own (its `aws ecr`
+/// calls). (fill job, reader, cache, lifecycle.)
+fn what_the_roles_do() -> [BTreeSet<&'static str>; 4] {
     let (account, region, _) = eks_mirror();
     // The `aws ecr` subcommands a role's code calls, and the IAM action each needs.
     let action_of = |subcommand: &str| -> &'static str {
@@ -1199,7 +1200,8 @@ fn what_the_roles_do() -> [BTreeSet<&'static str>; 3] {
         .find(|(place, _)| place == "deploy/eks-ecr")
         .expect("deploy/eks-ecr");
     // The fallback where no repository creation template applies (the component
-    // without-creation-template) runs with the same role: its flags and its lifecycle CronJob.
+    // without-creation-template): the fill controller's flags there, and its lifecycle CronJob,
+    // which runs with a role of its own.
     let fallback = rendered_with_component("eks-ecr", "without-creation-template");
     let args_of = |documents: &[serde_json::Value]| -> Vec<String> {
         documents
@@ -1240,16 +1242,23 @@ fn what_the_roles_do() -> [BTreeSet<&'static str>; 3] {
     let lifecycle = fallback
         .iter()
         .find(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-lifecycle")
-        .map(|d| d.to_string())
         .expect("without-creation-template: the mirror-lifecycle CronJob");
-    fill_job.extend(calls(&lifecycle));
+    // Not the fill controller's identity: its role may not set a lifecycle policy.
+    assert_eq!(
+        lifecycle["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"],
+        "mirror-lifecycle",
+        "the lifecycle CronJob's ServiceAccount"
+    );
+    let lifecycle = lifecycle.to_string();
+    let lifecycle = calls(&lifecycle);
     // Kept for create-on-push too: which permission a push that creates a repository by the
     // template checks is not stated in the AWS pages read (docs/development.md).
     fill_job.insert("ecr:CreateRepository");
     assert!(
         fill_job.contains("ecr:DescribeRepositories")
-            && fill_job.contains("ecr:PutLifecyclePolicy"),
-        "{fill_job:?}"
+            && !fill_job.contains("ecr:PutLifecyclePolicy")
+            && lifecycle.contains("ecr:PutLifecyclePolicy"),
+        "{fill_job:?} {lifecycle:?}"
     );
     let pull = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"];
     let push = [
@@ -1267,7 +1276,7 @@ fn what_the_roles_do() -> [BTreeSet<&'static str>; 3] {
         .collect();
     let mut cache = reader.clone();
     cache.extend(["ecr:BatchImportUpstreamImage", "ecr:CreateRepository"]);
-    [fill_job, reader, cache]
+    [fill_job, reader, cache, lifecycle]
 }
 
 /// Whether an IAM resource pattern matches `arn`: `*` any run of characters (`/` included), `?`
@@ -1291,12 +1300,14 @@ fn arn_matches(pattern: &str, arn: &str) -> bool {
 /// `policy` (the document `file`) allows each action of `needs` on exactly what it needs, and
 /// no more: `ecr:GetAuthorizationToken` on `*` (it has no resource), `ecr:DescribeRepositories`
 /// on every repository of the registry (listing names them all), everything else on the
-/// repositories `mirror` (ARN patterns) names; no action it does not need, no wildcard action.
+/// repositories `mirror` (ARN patterns) names, and a pull or a push also on `in_use` (the in-use
+/// set's repository, where the watch publishes); no action it does not need, no wildcard action.
 fn holds_to_least_privilege(
     file: &str,
     policy: &serde_json::Value,
     needs: &BTreeSet<&str>,
     mirror: &[String],
+    in_use: &[String],
 ) {
     let (account, region, _) = eks_mirror();
     assert_eq!(policy["Version"], "2012-10-17", "{file}");
@@ -1308,7 +1319,10 @@ fn holds_to_least_privilege(
             "ecr:DescribeRepositories" => {
                 vec![format!("arn:aws:ecr:{region}:{account}:repository/*")]
             }
-            _ => mirror.to_vec(),
+            "ecr:CreateRepository" | "ecr:GetLifecyclePolicy" | "ecr:PutLifecyclePolicy" => {
+                mirror.to_vec()
+            }
+            _ => [mirror, in_use].concat(),
         };
         wanted.sort();
         assert_eq!(on, wanted, "{file}: {action} is allowed on {on:?}");
@@ -1353,13 +1367,46 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
             "arn:aws:ecr:{region}:{account}:repository/{prefix}/*"
         )]
     };
-    let [fill_job, reader, cache] = what_the_roles_do();
+    let [fill_job, reader, cache, lifecycle] = what_the_roles_do();
+    let in_use = publishing_in_use(&account, &region);
     for (file, needs, under) in [
         ("fill-job.json", &fill_job, prefix.as_str()),
+        ("lifecycle-job.json", &lifecycle, prefix.as_str()),
         ("policy-server-reader.json", &reader, prefix.as_str()),
         ("pull-through-cache.json", &cache, cache_prefix.as_str()),
     ] {
-        holds_to_least_privilege(file, &iam_policy(file), needs, &repositories(under));
+        let in_use: &[String] = if file == "fill-job.json" {
+            &in_use
+        } else {
+            &[]
+        };
+        holds_to_least_privilege(file, &iam_policy(file), needs, &repositories(under), in_use);
+    }
+}
+
+/// The in-use set's repository, when the fill controller as deploy/eks-ecr runs it publishes its
+/// set (`FILL_MIRROR_CLUSTER_ID` set on its container): its pulls and pushes reach it too.
+fn publishing_in_use(account: &str, region: &str) -> Vec<String> {
+    let (_, eks) = rendered_overlays()
+        .into_iter()
+        .find(|(place, _)| place == "deploy/eks-ecr")
+        .expect("deploy/eks-ecr");
+    let publishes = eks
+        .iter()
+        .filter(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "fill-mirror")
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .cloned()
+        })
+        .flatten()
+        .flat_map(|c| c["env"].as_array().cloned().unwrap_or_default())
+        .any(|e| e["name"] == "FILL_MIRROR_CLUSTER_ID");
+    match publishes {
+        true => vec![format!(
+            "arn:aws:ecr:{region}:{account}:repository/image-swapper/in-use"
+        )],
+        false => Vec::new(),
     }
 }
 
@@ -1508,21 +1555,32 @@ fn a_mirror_at_the_registry_root_renders_the_repositories_of_its_source_hosts() 
     };
     let rendered = render("eks-ecr", Some("docker.io,quay.io"));
     assert!(rendered.status.success(), "{rendered:?}");
-    let [fill_job, reader, _] = what_the_roles_do();
+    let [fill_job, reader, _, lifecycle] = what_the_roles_do();
     let arn = |repository: &str| format!("arn:aws:ecr:{region}:{account}:repository/{repository}");
     for (file, needs) in [
         ("fill-job.json", &fill_job),
+        ("lifecycle-job.json", &lifecycle),
         ("policy-server-reader.json", &reader),
     ] {
         let policy = rig::read_json(&scratch.join("out").join(file));
+        let in_use = match file {
+            "fill-job.json" => publishing_in_use(&account, &region),
+            _ => Vec::new(),
+        };
         holds_to_least_privilege(
             file,
             &policy,
             needs,
             &[arn("docker.io/*"), arn("quay.io/*")],
+            &in_use,
         );
+        // What each role does on a repository of the mirror: the lifecycle job sets its policy.
+        let action = match file {
+            "lifecycle-job.json" => "ecr:PutLifecyclePolicy",
+            _ => "ecr:BatchGetImage",
+        };
         let allowed = |repository: &str| {
-            allowed_on(&policy, "ecr:BatchGetImage")
+            allowed_on(&policy, action)
                 .iter()
                 .any(|pattern| arn_matches(pattern, &arn(repository)))
         };
@@ -1603,6 +1661,8 @@ fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
                 "fill-job.json",
                 "policy-server-reader.json",
                 "prune-job.json",
+                "irsa-trust-mirror-lifecycle.json",
+                "lifecycle-job.json",
             ][..],
         ),
         (
@@ -1629,7 +1689,7 @@ fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
             rendered += 1;
         }
     }
-    assert_eq!(rendered, 8);
+    assert_eq!(rendered, 10);
     // Another mirror: the one value reaches every ARN.
     let dir = scratch.join("overlay");
     std::fs::create_dir_all(&dir).expect("dir");
@@ -1650,7 +1710,8 @@ fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
         assert!(text.contains("210987654321"), "{name}: {text}");
         let arns_prefixed = !text.contains("repository/")
             || text.contains("repository/mirror/*")
-            || name == "fill-job.json";
+            || name == "fill-job.json"
+            || name == "lifecycle-job.json";
         assert!(arns_prefixed, "{name}: {text}");
     }
     let _ = std::fs::remove_dir_all(&scratch);
@@ -2071,10 +2132,18 @@ fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
 #[test]
 fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
     let install = read(&rig::root().join("docs/install-eks.md")).replace("\\\n", " ");
-    let (_, eks) = rendered_overlays()
+    let (_, mut eks) = rendered_overlays()
         .into_iter()
         .find(|(place, _)| place == "deploy/eks-ecr")
         .expect("deploy/eks-ecr");
+    // The lifecycle CronJob's ServiceAccount comes with the component that runs it.
+    eks.extend(
+        rendered_with_component("eks-ecr", "without-creation-template")
+            .into_iter()
+            .filter(|d| {
+                d["kind"] == "ServiceAccount" && d["metadata"]["name"] == "mirror-lifecycle"
+            }),
+    );
     let mut checked = 0;
     let mut pod_identity = 0;
     for command in install
@@ -2162,10 +2231,13 @@ fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 2, "the read role and the fill job's, by IRSA");
     assert_eq!(
-        pod_identity, 2,
-        "the read role and the fill job's, by EKS Pod Identity"
+        checked, 3,
+        "the read role, the fill job's and the lifecycle CronJob's, by IRSA"
+    );
+    assert_eq!(
+        pod_identity, 3,
+        "the read role, the fill job's and the lifecycle CronJob's, by EKS Pod Identity"
     );
 }
 

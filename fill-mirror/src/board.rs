@@ -10,6 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use image_swapper_policy::plan::{Copy, FillRecord};
 
+use crate::reports::ReportCopy;
+
 pub use marks::{Mark, MarkResult};
 pub use outcome::{Backoff, CopyItem, Outcome, Status};
 
@@ -109,22 +111,51 @@ impl Board {
     /// record's, so that the first Pod finds the mirror full. A copy the mirror holds is not
     /// asked again (one lookup per distinct image, until the board forgets it).
     pub fn template_seen(&mut self, template: &str, copies: Vec<Copy>) {
+        let copies = copies.into_iter().map(|copy| (copy, None)).collect();
+        self.asked_without_record(template, copies);
+    }
+
+    /// The copies the check role's reports name, under `key/<namespace>` (the namespace of the
+    /// report, which asks for them), replacing the last reading's: filled as a template's are (no
+    /// record to mark), each signature copy with the image it signs, so that it is refused as
+    /// a record's is once the source's tag names another digest.
+    pub fn reports_seen(&mut self, key: &str, copies: Vec<ReportCopy>) {
+        let mut by_namespace: BTreeMap<String, Vec<(Copy, Option<String>)>> = BTreeMap::new();
+        for c in copies {
+            let namespaced = format!("{key}/{}", c.namespace);
+            by_namespace
+                .entry(namespaced)
+                .or_default()
+                .push((c.copy, c.signs));
+        }
+        let listed: BTreeSet<String> = by_namespace.keys().cloned().collect();
+        self.retain_templates(key, &listed);
+        for (namespaced, copies) in by_namespace {
+            self.asked_without_record(&namespaced, copies);
+        }
+    }
+
+    fn asked_without_record(&mut self, key: &str, copies: Vec<(Copy, Option<String>)>) {
         let now = SystemTime::now();
-        for copy in &copies {
+        for (copy, signs) in &copies {
             let item = self
                 .copies
                 .entry(copy.destination.clone())
                 .or_insert_with(|| CopyItem {
                     copy: copy.clone(),
-                    signs: None,
+                    signs: signs.clone(),
                     status: Status::Queued,
                     asked: now,
                     not_before: None,
                     delay: None,
                 });
+            if item.signs.is_none() {
+                item.signs.clone_from(signs);
+            }
             renew(item, copy);
         }
-        self.templates.insert(template.to_string(), copies);
+        let copies = copies.into_iter().map(|(copy, _)| copy).collect();
+        self.templates.insert(key.to_string(), copies);
     }
 
     pub fn template_gone(&mut self, template: &str) {
@@ -267,6 +298,28 @@ impl Board {
                 None
             }
         }
+    }
+
+    /// The namespaces that ask for the copy to `destination` now: of the recorded Pods whose
+    /// records name it, and of the templates and reports (keys `Kind/namespace/...`) that do.
+    pub fn requesters(&self, destination: &str) -> BTreeSet<String> {
+        let by_pods = self.pods.iter().filter(|(_, pod)| {
+            pod.record.entries.iter().any(|e| {
+                e.copy.destination == destination
+                    || e.signature
+                        .as_ref()
+                        .is_some_and(|s| s.destination == destination)
+            })
+        });
+        let by_templates = self
+            .templates
+            .iter()
+            .filter(|(_, copies)| copies.iter().any(|c| c.destination == destination));
+        by_pods
+            .filter_map(|(key, _)| key.split('/').next())
+            .chain(by_templates.filter_map(|(key, _)| key.split('/').nth(1)))
+            .map(str::to_string)
+            .collect()
     }
 
     /// Queued and running copies.

@@ -122,7 +122,7 @@ pub struct RetentionArgs {
     /// cluster without a value to set). Without it the in-use set is neither computed nor
     /// published: retention is off, and neither the prune nor the registries' keep rules know
     /// what this cluster uses.
-    #[arg(long)]
+    #[arg(long, env = "FILL_MIRROR_CLUSTER_ID")]
     pub cluster_id: Option<String>,
     /// The repository under each mirror registry the in-use set is published in.
     #[arg(long, default_value = crate::in_use_set::DEFAULT_REPOSITORY)]
@@ -205,6 +205,7 @@ impl Copying {
             binary: self.skopeo.clone(),
             access: Arc::new(credentials::Access::new(&self.access, self.insecure).await?),
             timeout: Duration::from_secs(self.copy_timeout),
+            anonymous_at: None,
         })
     }
 

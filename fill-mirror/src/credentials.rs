@@ -8,6 +8,7 @@
 mod auth_file;
 mod ecr;
 mod gar;
+mod source_namespaces;
 mod sources;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -22,6 +23,7 @@ use image_swapper_policy::reference::Reference;
 use auth_file::{merge, read_user_file, write_private};
 use ecr::{Ecr, ecr_clients, ecr_token};
 use gar::{METADATA_HOST, gar_token};
+pub use source_namespaces::SourceNamespaces;
 use sources::{Sources, valid_host};
 
 /// The flags of registry access, shared by `once` and `watch`.
@@ -61,6 +63,16 @@ pub struct AccessArgs {
     /// reads with the same flag.
     #[arg(long, env = "KUBEWARDEN_SOURCES_PATH")]
     pub sources_path: Option<PathBuf>,
+    /// HOST=NAMESPACE[,NAMESPACE...] (`*`: any namespace): a copy from source registry HOST
+    /// uses the login the auth file (or an --ecr-registry or --gar-registry token) holds for it
+    /// only when a listed namespace asks for it; otherwise it reads HOST anonymously.
+    /// Repeatable; in the environment, separated by spaces.
+    #[arg(
+        long = "source-namespaces",
+        env = "FILL_MIRROR_SOURCE_NAMESPACES",
+        value_delimiter = ' '
+    )]
+    pub source_namespaces: Vec<String>,
 }
 
 /// When a token that expires at `expires` (got at `now`) is fetched again: at half its
@@ -75,7 +87,7 @@ pub fn refresh_at(now: SystemTime, expires: SystemTime) -> SystemTime {
 
 /// The registry host an image names (its domain as the policy normalises it), or its text
 /// before the first `/` when it does not parse.
-fn host_of(image: &str) -> String {
+pub fn host_of(image: &str) -> String {
     match Reference::parse(image) {
         Ok(reference) => reference.domain().to_string(),
         Err(_) => image.split('/').next().unwrap_or_default().to_string(),
@@ -113,6 +125,8 @@ pub struct Access {
     /// `--insecure`: every registry plain HTTP or unverified TLS.
     insecure: bool,
     sources: Sources,
+    /// `--source-namespaces`: whose copies may use a source host's login.
+    source_namespaces: SourceNamespaces,
     logins: Option<Logins>,
     ecr: BTreeMap<String, Ecr>,
     /// `--ecr-create-repositories`: the tag mutability of what it creates.
@@ -168,6 +182,7 @@ impl Access {
         let mut access = Access {
             insecure,
             sources: Sources::default(),
+            source_namespaces: SourceNamespaces::parse(&args.source_namespaces)?,
             logins: None,
             ecr: BTreeMap::new(),
             create: None,
@@ -197,7 +212,16 @@ impl Access {
         }
         if args.auth_file.is_some() || !access.ecr.is_empty() || !args.gar_registries.is_empty() {
             if let Some(user_file) = &args.auth_file {
-                read_user_file(user_file)?;
+                let user = read_user_file(user_file)?;
+                let auths = user.get("auths").and_then(serde_json::Value::as_object);
+                let hosts = auths.into_iter().flat_map(|a| a.keys().map(String::as_str));
+                let unlisted = access.source_namespaces.unlisted(hosts);
+                if !unlisted.is_empty() {
+                    tracing::warn!(
+                        hosts = unlisted.join(" "),
+                        "the auth file's logins for these hosts are used for no copy's source (only to push to the mirror): a source registry is read anonymously unless --source-namespaces HOST=NAMESPACE,... lists the namespaces whose copies may use its login"
+                    );
+                }
             }
             if !folder.exists() {
                 make_private(&folder)?;
@@ -261,18 +285,25 @@ impl Access {
         Ok(auth_file::entry(&user, host))
     }
 
+    /// Whether a copy `requesters` (namespaces) ask for may use source `host`'s login.
+    pub fn source_login_for(&self, host: &str, requesters: &BTreeSet<String>) -> bool {
+        self.source_namespaces.allows(host, requesters)
+    }
+
     /// Whether `host` is asked over plain HTTP (or unverified TLS): `--insecure`, or named in
     /// sources.yaml's `insecure_sources`.
     pub fn plain_http(&self, host: &str) -> bool {
         self.insecure || self.sources.insecure.contains(host)
     }
 
-    /// The CA bundles sources.yaml's `source_authorities` gave, one file per host.
-    pub fn authorities(&self) -> Vec<PathBuf> {
+    /// The CA bundles sources.yaml's `source_authorities` gave, one file per host (`host[:port]`,
+    /// as sources.yaml names it): each is trusted for its own host only, as skopeo's
+    /// `--cert-dir` is.
+    pub fn authorities(&self) -> BTreeMap<String, PathBuf> {
         self.sources
             .cert_dirs
-            .values()
-            .map(|dir| dir.join("ca.crt"))
+            .iter()
+            .map(|(host, dir)| (host.clone(), dir.join("ca.crt")))
             .collect()
     }
 

@@ -23,6 +23,7 @@ mod mode_watch;
 mod platforms;
 mod referrers;
 mod registry_http;
+mod reports;
 mod retention;
 mod runner;
 mod skopeo;

@@ -12,7 +12,7 @@ use crate::leader::Ended;
 use crate::metrics::{Health, Metrics};
 use crate::platforms::{Known, Nodes, known_in_cluster, nodes_from_files};
 use crate::runner::{Runner, Totals};
-use crate::{leader, source, watch};
+use crate::{leader, reports, source, watch};
 
 type Records = Vec<(
     String,
@@ -25,7 +25,7 @@ type Records = Vec<(
 /// the client they came from (none when read from files).
 struct Read {
     records: Records,
-    report_copies: Vec<image_swapper_policy::plan::Copy>,
+    report_copies: Vec<reports::ReportCopy>,
     report_notes: Vec<String>,
     nodes: Known,
     client: Option<kube::Client>,
@@ -52,8 +52,16 @@ async fn read(input: &Input) -> anyhow::Result<Read> {
         };
         let policy = source::policy_from_file(settings)?;
         let pods = source::pods_from_files(&input.pods)?;
-        let reports = source::reports_from_files(&input.reports)?;
-        let (report_copies, report_notes) = source::report_copies(&reports, &ids, &policy);
+        let reports = reports::reports_from_files(&input.reports)?;
+        // A report's copy runs only for a Pod the input names: give --pods beside --reports.
+        if input.pods.is_empty() && !input.reports.is_empty() {
+            tracing::warn!(
+                "--reports without --pods: a report's copy runs only for a Pod that runs its image, and no Pod is given (kubectl get pods -A -o json)"
+            );
+        }
+        let guards = reports::guards_from_pods(&pods);
+        let (report_copies, report_notes) =
+            reports::report_copies(&reports, &ids, &policy, &guards);
         return Ok(Read {
             records: source::records(&pods, &policy),
             report_copies,
@@ -68,8 +76,10 @@ async fn read(input: &Input) -> anyhow::Result<Read> {
         None => source::policy_from_cluster(&client, &input.swap_policy).await?,
     };
     let pods = source::pods_from_cluster(&client).await?;
-    let reports = source::reports_from_cluster(&client).await?;
-    let (report_copies, report_notes) = source::report_copies(&reports, &ids, &policy);
+    let reports = reports::reports_from_cluster(&client).await?;
+    let guards =
+        reports::guards_from_cluster(&client, &reports, &ids, &input.check.check_policy).await?;
+    let (report_copies, report_notes) = reports::report_copies(&reports, &ids, &policy, &guards);
     Ok(Read {
         records: source::records(&pods, &policy),
         report_copies,
@@ -99,7 +109,7 @@ pub async fn list(input: Input) -> anyhow::Result<u8> {
     let read = read(&input).await?;
     let refused = notes(&read);
     let mut copies = source::copies(&read.records);
-    for copy in &read.report_copies {
+    for copy in read.report_copies.iter().map(|c| &c.copy) {
         if !copies.iter().any(|c| c.destination == copy.destination) {
             copies.push(copy.clone());
         }
@@ -184,7 +194,7 @@ async fn copy_once(
         board.pod_seen(&pod, record, created);
     }
     // A report's copies have no Pod record to mark: they are filled as a template's are.
-    board.template_seen(watch::REPORTS, read.report_copies);
+    board.reports_seen(watch::REPORTS, read.report_copies);
     let engine = copying.engine().await?;
     let (referrers, warmer) = copying.registry_clients(&engine, Nodes::Fixed(read.nodes))?;
     let mut runner = Runner {

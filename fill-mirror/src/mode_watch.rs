@@ -112,9 +112,7 @@ pub async fn watch(
         health: health.clone(),
         wake: wake.clone(),
         templates: follow.templates,
-        check_policy_ids: follow
-            .reports
-            .map(|check| source::check_policy_ids(&check.check_policy)),
+        check_policy: follow.reports.map(|check| check.check_policy),
         period: timing.period,
         set_ages: Some(set_ages),
         in_use: writers.map(|writers| (writers, scope_tx)),

@@ -36,6 +36,13 @@ impl Referrers {
         Referrers { http }
     }
 
+    /// This client, asking `host` anonymously (a copy whose requesters may not use its login).
+    pub fn anonymous_at(&self, host: Option<String>) -> Referrers {
+        Referrers {
+            http: self.http.anonymous_at(host),
+        }
+    }
+
     /// The digests of the manifests that name `digest` as their `subject` in `repository`
     /// (`host/path`): `None` when the registry does not serve the referrers API (404).
     pub async fn list(

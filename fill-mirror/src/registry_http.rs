@@ -1,12 +1,14 @@
 //! The registry requests fill-mirror makes itself, beside skopeo (the referrers API, the
 //! warming's pulls through a cache), over the TLS stack of the rest of the binary (rustls with
-//! ring): one client, and the login skopeo would get for the host (the merged auth file: the
+//! ring): one client (and one per host sources.yaml gives authorities, trusted for it alone, as
+//! skopeo's `--cert-dir`), and the login skopeo would get for the host (the merged auth file: the
 //! user's entry, or the binary's own ECR or Artifact Registry token), sent only when the
 //! registry asks for one: to a `WWW-Authenticate: Basic` challenge as Basic, to a
 //! `Bearer realm=…` challenge by the Docker registry token protocol (the realm asked for a
 //! token with the login, anonymously without one). A file of its own so that both users share
 //! it without depending on each other.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,12 +25,54 @@ use crate::credentials::Access;
 /// How long a registry may take to answer a request's headers, and to send a small body whole.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A client that trusts the system's roots and, when given, the certificates of `bundle`.
+fn https_client(bundle: Option<&std::path::Path>) -> anyhow::Result<HttpsClient> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(bundle) = bundle {
+        for cert in CertificateDer::pem_file_iter(bundle)
+            .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?
+        {
+            let cert = cert.map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
+            roots
+                .add(cert)
+                .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|error| anyhow::anyhow!("TLS: {error}"))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
 #[derive(Clone)]
 pub struct RegistryHttp {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The system's roots only.
+    client: HttpsClient,
+    /// Per `host[:port]` of sources.yaml's `source_authorities`: the system's roots and that
+    /// host's authorities.
+    scoped: Arc<BTreeMap<String, HttpsClient>>,
     /// Which hosts are asked over plain HTTP (`--insecure`, sources.yaml's `insecure_sources`,
     /// as skopeo's `--tls-verify=false` falls back to it), and the logins.
     access: Arc<Access>,
+    /// The source host whose login this copy may not use (`--source-namespaces`): asked
+    /// anonymously.
+    anonymous_at: Option<String>,
 }
 
 impl std::fmt::Debug for RegistryHttp {
@@ -40,41 +84,36 @@ impl std::fmt::Debug for RegistryHttp {
 }
 
 impl RegistryHttp {
-    /// The system's roots, and sources.yaml's authorities (for any host: the client is one).
+    /// The system's roots for every host; a host sources.yaml gives authorities gets a client of
+    /// its own that also trusts them (for that host only: a registry that shows a certificate of
+    /// another host's private CA is not trusted).
     pub fn new(access: Arc<Access>) -> anyhow::Result<RegistryHttp> {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
+        let mut scoped = BTreeMap::new();
+        for (host, bundle) in access.authorities() {
+            scoped.insert(host, https_client(Some(&bundle))?);
         }
-        for bundle in access.authorities() {
-            for cert in CertificateDer::pem_file_iter(&bundle)
-                .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?
-            {
-                let cert =
-                    cert.map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|error| anyhow::anyhow!("{}: {error}", bundle.display()))?;
-            }
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|error| anyhow::anyhow!("TLS: {error}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http()
-            .enable_http1()
-            .build();
         Ok(RegistryHttp {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: https_client(None)?,
+            scoped: Arc::new(scoped),
             access,
+            anonymous_at: None,
         })
+    }
+
+    /// The client for `url`: its host's own when sources.yaml gives it authorities.
+    fn client_for(&self, url: &str) -> &HttpsClient {
+        url.parse::<http::Uri>()
+            .ok()
+            .and_then(|uri| self.scoped.get(uri.authority()?.as_str()))
+            .unwrap_or(&self.client)
+    }
+
+    /// This client, asking `host` anonymously (a copy whose requesters may not use its login).
+    pub fn anonymous_at(&self, host: Option<String>) -> RegistryHttp {
+        RegistryHttp {
+            anonymous_at: host,
+            ..self.clone()
+        }
     }
 
     /// `scheme://host` of the registry API of `host` (Docker Hub's API host, as
@@ -132,7 +171,7 @@ impl RegistryHttp {
         let request = request
             .body(Full::new(body))
             .map_err(|error| format!("{method} {url}: {error}"))?;
-        match tokio::time::timeout(TIMEOUT, self.client.request(request)).await {
+        match tokio::time::timeout(TIMEOUT, self.client_for(url).request(request)).await {
             Err(_) => Err(format!("{method} {url}: no answer within {TIMEOUT:?}")),
             Ok(Err(error)) => Err(format!("{method} {url}: {error}")),
             Ok(Ok(response)) => Ok(response),
@@ -144,7 +183,10 @@ impl RegistryHttp {
     /// the login itself, Bearer with a token its realm gives for the login (or anonymously
     /// without one).
     pub async fn authorize(&self, challenge: &str, host: &str) -> Result<String, String> {
-        let login = self.access.login(host).await?;
+        let login = match &self.anonymous_at {
+            Some(anonymous) if anonymous == host => None,
+            _ => self.access.login(host).await?,
+        };
         if scheme_is(challenge, "Basic") {
             return match login {
                 Some(login) => Ok(format!("Basic {login}")),

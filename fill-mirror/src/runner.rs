@@ -173,22 +173,19 @@ impl Runner {
         let room = self.jobs.saturating_sub(running.len());
         let mut board = lock(&self.board);
         let started = board.start(Instant::now(), room);
-        let started: Vec<(Copy, Option<String>)> = started
+        let started: Vec<(Copy, Option<String>, Skopeo)> = started
             .into_iter()
             .map(|copy| {
-                let signs = board
-                    .item(&copy.destination)
-                    .and_then(|item| item.signs.clone());
-                (copy, signs)
+                let signs = board.item(&copy.destination).and_then(|i| i.signs.clone());
+                let requesters = board.requesters(&copy.destination);
+                let engine =
+                    (self.engine).anonymous_at(self.engine.anonymous_for(&copy, &requesters));
+                (copy, signs, engine)
             })
             .collect();
         drop(board);
-        for (copy, signs) in started {
-            let (engine, warmer, leading) = (
-                self.engine.clone(),
-                self.warmer.clone(),
-                self.leading.clone(),
-            );
+        for (copy, signs, engine) in started {
+            let (warmer, leading) = (self.warmer.clone(), self.leading.clone());
             running.spawn(async move {
                 let began = Instant::now();
                 let copying = async {
@@ -249,12 +246,14 @@ impl Runner {
                 }
                 // Nothing travels into a pull-through cache: it cannot be pushed to.
                 let image = item.is_some_and(|item| item.signs.is_none()) && copy.warm.is_none();
+                let requesters = board.requesters(destination);
                 drop(board);
                 // What travels with the image, as a job of its own after the image's (so the
                 // record's mark does not wait for it), in the same `--jobs` room.
                 if image && self.leads() {
-                    let (engine, referrers, copy) =
-                        (self.engine.clone(), self.referrers.clone(), copy.clone());
+                    let anonymous = self.engine.anonymous_for(&copy, &requesters);
+                    let engine = self.engine.anonymous_at(anonymous.clone());
+                    let (referrers, copy) = (self.referrers.anonymous_at(anonymous), copy.clone());
                     let leading = self.leading.clone();
                     running.spawn(async move {
                         tokio::select! {

@@ -4,6 +4,7 @@
 //! run, since anything else could be a tag that exists, which a copy would move. A signature
 //! tag is the exception (`attached.rs`): it follows its source.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,6 +112,9 @@ pub struct Skopeo {
     pub access: Arc<Access>,
     /// How long one skopeo run may take.
     pub timeout: Duration,
+    /// The source host whose login this copy may not use (`--source-namespaces`): read with
+    /// `--no-creds`, anonymously.
+    pub anonymous_at: Option<String>,
 }
 
 /// Whether an image exists.
@@ -123,6 +127,27 @@ enum Presence {
 }
 
 impl Skopeo {
+    /// This engine, reading `host` anonymously (a copy whose requesters may not use its login).
+    pub fn anonymous_at(&self, host: Option<String>) -> Skopeo {
+        Skopeo {
+            anonymous_at: host,
+            ..self.clone()
+        }
+    }
+
+    /// The source host a copy reads anonymously: none of the namespaces that ask for it now
+    /// (`requesters`) is listed for its login (`--source-namespaces`).
+    pub fn anonymous_for(&self, copy: &Copy, requesters: &BTreeSet<String>) -> Option<String> {
+        let host = crate::credentials::host_of(&copy.source);
+        (!self.access.source_login_for(&host, requesters)).then_some(host)
+    }
+
+    fn anonymous(&self, image: &str) -> bool {
+        self.anonymous_at
+            .as_deref()
+            .is_some_and(|host| crate::credentials::host_of(image) == host)
+    }
+
     /// skopeo's standard output when it succeeds, its standard error when not.
     async fn run(&self, args: &[String]) -> Result<Vec<u8>, String> {
         let mut command = Command::new(&self.binary);
@@ -153,6 +178,9 @@ impl Skopeo {
     pub async fn manifest(&self, image: &str) -> Result<Option<Vec<u8>>, String> {
         let mut args = vec!["inspect".to_string(), "--raw".to_string()];
         args.extend(self.access.inspect_args(image));
+        if self.anonymous(image) {
+            args.push("--no-creds".to_string());
+        }
         args.push(format!("docker://{image}"));
         match self.run(&args).await {
             Ok(bytes) => Ok(Some(bytes)),
@@ -192,6 +220,9 @@ impl Skopeo {
             "--preserve-digests".to_string(),
         ];
         args.extend(self.access.copy_args(source, destination));
+        if self.anonymous(source) {
+            args.push("--src-no-creds".to_string());
+        }
         args.push(format!("docker://{source}"));
         args.push(format!("docker://{destination}"));
         match self.run(&args).await {
@@ -199,6 +230,10 @@ impl Skopeo {
             Err(words) if throttled(&words) => Outcome::Throttled(last_line(&words), None),
             Err(words) => match self.inspect(source).await {
                 Presence::Absent => Outcome::Gone(last_line(&words)),
+                _ if self.anonymous(source) => Outcome::Failed(format!(
+                    "{} (read anonymously: no namespace that asks for it is listed for the login of its host in --source-namespaces)",
+                    last_line(&words)
+                )),
                 _ => Outcome::Failed(last_line(&words)),
             },
         }

@@ -1,16 +1,13 @@
 //! Where the fill job reads from: the swapping policy's settings (its ClusterAdmissionPolicy,
 //! or a file), the Pods that carry the record (the cluster, or `kubectl get pods -o json`
-//! output), each Pod's record read by the policy crate's own reader, and the check role's
-//! reports (the cluster's Reports and PolicyReports, or files), each copy their `fail` results
-//! name checked by the policy crate as the check role writes it.
+//! output), and each Pod's record read by the policy crate's own reader. The check role's
+//! reports are read in `reports.rs`.
 
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use anyhow::{Context, bail};
-use image_swapper_policy::plan::{
-    Copy, FillRecord, copies_in_message, pod_key, read_record, report_copy_problem,
-};
+use image_swapper_policy::plan::{Copy, FillRecord, pod_key, read_record};
 use image_swapper_policy::plan::{UNMIRRORED_ANNOTATION, UNMIRRORED_LABEL};
 use image_swapper_policy::policy::Policy;
 use image_swapper_policy::settings::parse_settings;
@@ -139,145 +136,4 @@ pub async fn client() -> anyhow::Result<Client> {
 /// `clusterwide-<name>` before Kubewarden 1.37.2, `kw.cap.<name>` from it on.
 pub fn check_policy_ids(name: &str) -> Vec<String> {
     vec![format!("clusterwide-{name}"), format!("kw.cap.{name}")]
-}
-
-/// The report kinds Kubewarden's audit scanner writes (kubewarden-controller
-/// `internal/audit-scanner/report`): OpenReports (the Helm chart's default) and the
-/// wgpolicyk8s.io PolicyReports, namespaced and cluster-wide.
-fn report_resources() -> [ApiResource; 4] {
-    let kind = |group: &str, version: &str, kind: &str, plural: &str| {
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-    };
-    [
-        kind("openreports.io", "v1alpha1", "Report", "reports"),
-        kind(
-            "openreports.io",
-            "v1alpha1",
-            "ClusterReport",
-            "clusterreports",
-        ),
-        kind(
-            "wgpolicyk8s.io",
-            "v1alpha2",
-            "PolicyReport",
-            "policyreports",
-        ),
-        kind(
-            "wgpolicyk8s.io",
-            "v1alpha2",
-            "ClusterPolicyReport",
-            "clusterpolicyreports",
-        ),
-    ]
-}
-
-/// Every report in the cluster, as JSON. A kind the cluster does not serve (its CRD not
-/// installed: 404) is none; any other error is the run's.
-pub async fn reports_from_cluster(client: &Client) -> anyhow::Result<Vec<Value>> {
-    let mut reports = Vec::new();
-    for resource in report_resources() {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-        match api.list(&ListParams::default()).await {
-            Ok(list) => {
-                for report in list.items {
-                    // A DynamicObject serialises with its fields flattened beside its metadata.
-                    let mut value = serde_json::to_value(&report)?;
-                    value["kind"] = Value::from(resource.kind.clone());
-                    reports.push(value);
-                }
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                tracing::debug!(kind = %resource.kind, "the cluster serves no such report kind");
-            }
-            Err(error) => {
-                return Err(error).with_context(|| format!("listing the {}s", resource.kind));
-            }
-        }
-    }
-    Ok(reports)
-}
-
-/// The reports from `kubectl get ... -o json` output files (lists or single objects).
-pub fn reports_from_files(paths: &[String]) -> anyhow::Result<Vec<Value>> {
-    let mut reports = Vec::new();
-    for path in paths {
-        let text = std::fs::read(path).with_context(|| format!("--reports {path}: cannot read"))?;
-        let stream = serde_json::Deserializer::from_slice(&text).into_iter::<Value>();
-        for document in stream {
-            let document = document.with_context(|| {
-                format!("--reports {path}: not JSON (kubectl get policyreports -o json output)")
-            })?;
-            match document.get("items").and_then(Value::as_array) {
-                Some(items) => reports.extend(items.iter().cloned()),
-                None => reports.push(document),
-            }
-        }
-    }
-    Ok(reports)
-}
-
-/// The copies the check policy's `fail` results name (an `error` is an image it could not
-/// check, and carries no finding), each checked by the policy crate as the check role writes
-/// it; and one note for each copy refused or report not well formed, none of it run.
-pub fn report_copies(
-    reports: &[Value],
-    ids: &[String],
-    policy: &Policy,
-) -> (Vec<Copy>, Vec<String>) {
-    let mut copies = Vec::new();
-    let mut notes = Vec::new();
-    for report in reports {
-        let text = |pointer: &str| {
-            report
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
-        let place = format!(
-            "{} {}/{}",
-            report
-                .get("kind")
-                .and_then(Value::as_str)
-                .unwrap_or("report"),
-            text("/metadata/namespace"),
-            text("/metadata/name")
-        );
-        let Some(results) = report.get("results") else {
-            continue;
-        };
-        let Some(results) = results.as_array() else {
-            notes.push(format!(
-                "skipped {place}: its results are {results}, not a list, not read"
-            ));
-            continue;
-        };
-        for (i, result) in results.iter().enumerate() {
-            let id = result
-                .get("policy")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if !ids.iter().any(|own| own == id)
-                || result.get("result").and_then(Value::as_str) != Some("fail")
-            {
-                continue;
-            }
-            let Some(message) = result.get("message").and_then(Value::as_str) else {
-                notes.push(format!(
-                    "skipped {place}: results[{i}] of {id}: its message is not a string, not read"
-                ));
-                continue;
-            };
-            for copy in copies_in_message(message) {
-                match report_copy_problem(&copy, policy) {
-                    None => copies.push(copy.under(policy, None)),
-                    Some(problem) => notes.push(format!(
-                        "refused {place} results[{i}] of {id}: its copy docker://{} docker://{} is not the policy's own: {problem}, not run",
-                        copy.source, copy.destination
-                    )),
-                }
-            }
-        }
-    }
-    (copies, notes)
 }

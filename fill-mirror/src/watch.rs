@@ -27,11 +27,11 @@ use crate::board::Board;
 use crate::coverage::Coverage;
 use crate::in_use::{Scope, ScopeSender, Writers};
 use crate::metrics::{Health, Metrics};
+use crate::reports::{guards_from_cluster, report_copies, reports_from_cluster};
 use crate::retention::ages::{SetAges, pushed_hosts};
 use crate::runner::lock;
 use crate::source::{
-    created, policy_from_document, policy_resource, record_selector, report_copies,
-    reports_from_cluster,
+    check_policy_ids, created, policy_from_document, policy_resource, record_selector,
 };
 use crate::templates::{TemplateEvent, namespace_of, templates_of};
 
@@ -46,8 +46,9 @@ pub struct Watch {
     pub wake: Arc<Notify>,
     /// Also follow the workload templates, to fill the mirror ahead of their first Pods.
     pub templates: bool,
-    /// The check role's ids in the reports' results; none: the reports are not read.
-    pub check_policy_ids: Option<Vec<String>>,
+    /// The check role's ClusterAdmissionPolicy, whose results in the reports are read; none:
+    /// the reports are not read.
+    pub check_policy: Option<String>,
     /// How often the reports are read.
     pub period: std::time::Duration,
     /// Each period, the clusters' in-use sets' ages read from the mirror (the stale-set alert).
@@ -57,9 +58,9 @@ pub struct Watch {
     pub in_use: Option<(Writers, ScopeSender)>,
 }
 
-/// The board's key of the copies the check role's reports name: filled as a template's are
-/// (there is no Pod record to mark), and replaced at each reading.
-pub const REPORTS: &str = "Reports/check-role";
+/// The board's key of the copies the check role's reports name (`Reports/<namespace>` each):
+/// filled as a template's are (there is no Pod record to mark), and replaced at each reading.
+pub const REPORTS: &str = "Reports";
 
 /// The namespace of a Pod's key (`namespace/name`).
 fn pod_namespace(key: &str) -> &str {
@@ -144,7 +145,7 @@ impl Watch {
         Scope::share(scope.as_ref(), known.policy.as_ref(), &known.coverage);
         loop {
             tokio::select! {
-                _ = reports_due.tick(), if self.check_policy_ids.is_some() && known.policy.is_some() => {
+                _ = reports_due.tick(), if self.check_policy.is_some() && known.policy.is_some() => {
                     self.read_reports(&mut known).await;
                 }
                 _ = ages_due.tick(), if self.set_ages.is_some() && known.policy.is_some() => {
@@ -330,12 +331,18 @@ impl Watch {
     /// Reads the check role's reports and puts the copies their `fail` results name on the
     /// board, checked against the settings in force; a note for each refused, logged once.
     async fn read_reports(&self, known: &mut Known) {
-        let (Some(policy), Some(ids)) = (known.policy.as_ref(), self.check_policy_ids.as_ref())
+        let (Some(policy), Some(check)) = (known.policy.as_ref(), self.check_policy.as_ref())
         else {
             return;
         };
-        let reports = match reports_from_cluster(&self.client).await {
-            Ok(reports) => reports,
+        let ids = check_policy_ids(check);
+        let read = async {
+            let reports = reports_from_cluster(&self.client).await?;
+            let guards = guards_from_cluster(&self.client, &reports, &ids, check).await?;
+            anyhow::Ok((reports, guards))
+        };
+        let (reports, guards) = match read.await {
+            Ok(read) => read,
             Err(error) => {
                 tracing::warn!(
                     error = format!("{error:#}"),
@@ -344,7 +351,7 @@ impl Watch {
                 return;
             }
         };
-        let (copies, notes) = report_copies(&reports, ids, policy);
+        let (copies, notes) = report_copies(&reports, &ids, policy, &guards);
         tracing::info!(
             reports = reports.len(),
             copies = copies.len(),
@@ -356,7 +363,7 @@ impl Watch {
                 tracing::warn!("{note}");
             }
         }
-        lock(&self.board).template_seen(REPORTS, copies);
+        lock(&self.board).reports_seen(REPORTS, copies);
         self.wake.notify_one();
     }
 

@@ -49,6 +49,9 @@ fn once_with(source: &str, mirror: &str, pods: &[Value], auths: Option<Value>) -
         write_json(&path("auth.json"), &json!({ "auths": auths }));
         args.push("--auth-file".to_string());
         args.push(path("auth.json").display().to_string());
+        // The source's login, for the namespace of the Pods that ask.
+        args.push("--source-namespaces".to_string());
+        args.push(format!("{source}=default"));
     }
     run(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }

@@ -24,9 +24,10 @@ const ROUND_TRIP: Duration = Duration::from_millis(20);
 
 /// The environment variables of registry access the binary reads, cleared so that the test's
 /// own environment cannot lend it anything.
-const ACCESS_ENV: [&str; 8] = [
+const ACCESS_ENV: [&str; 9] = [
     "REGISTRY_AUTH_FILE",
     "FILL_MIRROR_ECR_REGISTRIES",
+    "FILL_MIRROR_SOURCE_NAMESPACES",
     "KUBEWARDEN_SOURCES_PATH",
     "GCE_METADATA_HOST",
     "AWS_ENDPOINT_URL",
@@ -283,6 +284,11 @@ fn two_ecr_logins_and_the_auth_file_s_own_entries_are_merged_into_one_private_fi
         format!("{},{}", first.host, second.host),
     ));
     env.push(("REGISTRY_AUTH_FILE", auth_file.display().to_string()));
+    // The private source's login, for the namespace of the Pods that ask.
+    env.push((
+        "FILL_MIRROR_SOURCE_NAMESPACES",
+        format!("{}=default", source.host),
+    ));
 
     let run = once(
         &pods,
@@ -662,6 +668,89 @@ fn sources_yaml_s_authority_lets_skopeo_verify_a_registry_with_a_private_ca() {
             && copy.contains("--dest-cert-dir=")
             && copy.contains(&mirror_ca),
         "{copy}"
+    );
+}
+
+/// Each sources.yaml authority is trusted for its own host only, by the binary's own client as
+/// by skopeo's `--cert-dir`: two registries on loopback over TLS, each with a certificate of
+/// its own private CA; a pull-through cache (warmed by the binary's client, no skopeo) whose
+/// entry names the other registry's CA is refused even though its own CA is listed, for the
+/// other host; with its own CA under its own name it is warmed.
+#[test]
+fn a_sources_yaml_authority_is_trusted_for_its_own_host_only() {
+    let cache_storage = TestRegistry::start("cred-scope-cache").expect("cache registry");
+    let other_storage = TestRegistry::start("cred-scope-other").expect("other registry");
+    let (cache_ca, cache_cert, cache_key) = private_ca();
+    let (other_ca, other_cert, other_key) = private_ca();
+    let cache = cache_storage
+        .tls_twin(&cache_cert, &cache_key)
+        .expect("the cache over TLS");
+    let other = other_storage
+        .tls_twin(&other_cert, &other_key)
+        .expect("the other registry over TLS");
+    Image::new("scoped", "linux/amd64").push(&cache_storage, "hub/app/web", Some("1"));
+    let dir = tempfile::tempdir().expect("dir");
+    let (pods, settings) = inputs(
+        dir.path(),
+        json!([{"source": "src.example", "target": format!("{}/hub", cache.host), "pullThrough": true}]),
+        &["src.example/app/web:1"],
+    );
+    let entry = |host: &str, ca: &str| {
+        format!(
+            "  \"{host}\":\n    - type: Data\n      data: |\n{}",
+            ca.lines()
+                .map(|line| format!("        {line}\n"))
+                .collect::<String>()
+        )
+    };
+    let crossed = sources_yaml(
+        dir.path(),
+        &format!(
+            "source_authorities:\n{}{}",
+            entry(&cache.host, &other_ca),
+            entry(&other.host, &cache_ca)
+        ),
+    );
+    let run = once(
+        &pods,
+        &settings,
+        &["--sources-path", &crossed.display().to_string()],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}", run.printed());
+    assert!(
+        run.stdout.contains("fill-mirror: 0 copied, 1 failed"),
+        "{}",
+        run.printed()
+    );
+
+    let own = sources_yaml(
+        dir.path(),
+        &format!(
+            "source_authorities:\n{}{}",
+            entry(&cache.host, &cache_ca),
+            entry(&other.host, &other_ca)
+        ),
+    );
+    let run = once(
+        &pods,
+        &settings,
+        &["--sources-path", &own.display().to_string()],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.printed());
+    assert!(
+        run.stdout.contains("fill-mirror: 1 copied, 0 failed"),
+        "{}",
+        run.printed()
+    );
+    assert!(
+        cache
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET /v2/hub/app/web/manifests/1")),
+        "the warming went over TLS: {:?}",
+        cache.requests()
     );
 }
 

@@ -74,6 +74,7 @@ fn once_for_a_typo(password: Option<&str>) -> Output {
             &json!({"auths": {far.host.clone(): {"auth": auth.trim_start_matches("Basic ")}}}),
         );
         command.arg("--auth-file").arg(path("auth.json"));
+        command.args(["--source-namespaces", "docker.io=*"]);
     }
     command.output().expect("run fill-mirror")
 }

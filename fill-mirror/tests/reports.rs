@@ -11,7 +11,8 @@ mod rig;
 
 use image_swapper_policy::plan::Copy;
 use rig::check;
-use rig::images::Image;
+use rig::images::{Artifact, Image};
+use rig::plane::{ControlPlane, find_tools};
 use rig::registry::TestRegistry;
 use rig::{run, settings, text, write_json};
 use serde_json::{Value, json};
@@ -59,6 +60,12 @@ fn list(items: Vec<Value>) -> Value {
     json!({"apiVersion": "v1", "kind": "List", "items": items})
 }
 
+/// Pod `name` of `default` running the source's `image`.
+fn running(s: &Setup, name: &str, image: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"}, "spec": web(&s.src(image))})
+}
+
 struct Setup {
     source: TestRegistry,
     mirror: TestRegistry,
@@ -95,10 +102,18 @@ impl Setup {
         format!("{}/hub/{image}", self.mirror.host)
     }
 
-    /// `fill-mirror MODE --reports FILE... --settings S ARGS`.
-    fn run(&self, mode: &str, reports: &[&str], args: &[&str]) -> std::process::Output {
+    /// `fill-mirror MODE --reports FILE... --pods P --settings S ARGS`: `pods` are the Pods the
+    /// reports are about (`kubectl get pods -A -o json`).
+    fn run(
+        &self,
+        mode: &str,
+        pods: &[Value],
+        reports: &[&str],
+        args: &[&str],
+    ) -> std::process::Output {
         let settings = self.settings();
-        let mut all = vec![mode, "--settings", &settings];
+        let pods = self.write("pods.json", &list(pods.to_vec()));
+        let mut all = vec![mode, "--settings", &settings, "--pods", &pods];
         if mode == "once" {
             all.push("--insecure");
         }
@@ -142,20 +157,15 @@ fn once_copies_what_the_reports_name_and_moves_no_tag() {
     let db = db.push(&s.mirror, "hub/db", Some("3"));
     let own_tag = old.replacen(':', "-", 1);
 
-    let running = |name: &str, image: &str| {
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"}, "spec": web(&s.src(image))})
-    };
-    let scan = || {
-        [
-            pod_a.clone(),
-            running("b", "web:2"),
-            running("c", "web:2"),
-            running("d", "db:3"),
-            running("e", "gone:1"),
-        ]
-        .map(|pod| check::scanned(&check, CHECK, &pod))
-    };
+    let running = |name: &str, image: &str| running(&s, name, image);
+    let pods = [
+        pod_a.clone(),
+        running("b", "web:2"),
+        running("c", "web:2"),
+        running("d", "db:3"),
+        running("e", "gone:1"),
+    ];
+    let scan = || pods.clone().map(|pod| check::scanned(&check, CHECK, &pod));
     let first = scan();
     let outcomes: Vec<&Value> = first.iter().map(|r| &r["result"]).collect();
     assert_eq!(
@@ -195,7 +205,7 @@ fn once_copies_what_the_reports_name_and_moves_no_tag() {
         single.as_str(),
     ];
 
-    let listed = s.run("list", &reports, &[]);
+    let listed = s.run("list", &pods, &reports, &[]);
     assert_eq!(listed.status.code(), Some(0), "{}", text(&listed.stderr));
     let expected = [
         Copy {
@@ -218,7 +228,7 @@ fn once_copies_what_the_reports_name_and_moves_no_tag() {
     .concat();
     assert_eq!(text(&listed.stdout), expected, "A, web:2 once, gone:1");
 
-    let once = s.run("once", &reports, &[]);
+    let once = s.run("once", &pods, &reports, &[]);
     let stdout = text(&once.stdout);
     assert_eq!(
         once.status.code(),
@@ -249,7 +259,7 @@ fn once_copies_what_the_reports_name_and_moves_no_tag() {
     assert_eq!(second, ["pass", "pass", "pass", "pass", "fail"]);
 
     // The same reports again: what exists now is checked and left, never copied over.
-    let again = s.run("once", &reports, &[]);
+    let again = s.run("once", &pods, &reports, &[]);
     let stdout = text(&again.stdout);
     assert!(
         stdout.contains("fill-mirror: 0 copied, 0 failed, 2 skipped, 1 gone, 0 refused"),
@@ -284,7 +294,7 @@ fn a_report_copy_passes_the_checks_a_pod_record_does() {
         )]),
     );
 
-    let once = s.run("once", &[&reports], &[]);
+    let once = s.run("once", &[running(&s, "p", "web:2")], &[&reports], &[]);
 
     let (stdout, stderr) = (text(&once.stdout), text(&once.stderr));
     assert_eq!(once.status.code(), Some(0), "{stdout}{stderr}");
@@ -338,7 +348,8 @@ fn the_reports_are_read_under_either_id_of_the_check_policy() {
         ]),
     );
 
-    let listed = s.run("list", &[&reports], &[]);
+    let pods = [running(&s, "a", "one:1"), running(&s, "b", "two:1")];
+    let listed = s.run("list", &pods, &[&reports], &[]);
     assert_eq!(
         text(&listed.stdout),
         format!(
@@ -349,11 +360,205 @@ fn the_reports_are_read_under_either_id_of_the_check_policy() {
             s.hub("two:1")
         )
     );
-    let other = s.run("list", &[&reports], &["--check-policy", "another-check"]);
+    let other = s.run(
+        "list",
+        &pods,
+        &[&reports],
+        &["--check-policy", "another-check"],
+    );
     assert_eq!(other.status.code(), Some(0), "{}", text(&other.stderr));
     assert_eq!(
         text(&other.stdout),
         "",
         "another policy's results are not read"
+    );
+}
+
+/// The check role's reports in a real kube-apiserver (etcd and kube-apiserver on loopback),
+/// read by `fill-mirror once` as the watch reads them: the swapping policy, the check policy
+/// covering the namespaces labelled `checked: yes` (`team`, not `outside`), and the report
+/// kinds' CRDs.
+struct InCluster {
+    plane: ControlPlane,
+    s: Setup,
+}
+
+impl InCluster {
+    fn start(test: &str) -> Option<InCluster> {
+        let plane = ControlPlane::start(find_tools(test)?);
+        plane.install_policy_crd();
+        plane.install_report_crds();
+        let s = Setup::new(test);
+        let swap = settings(&s.source.host, &s.mirror.host);
+        plane.apply_swapping_policy("image-swapper", &swap);
+        plane.apply_swapping_policy("image-swapper-check", &swap);
+        let mut check = plane.get_json(&["clusteradmissionpolicy", "image-swapper-check"]);
+        check["spec"]["namespaceSelector"] = json!({"matchLabels": {"checked": "yes"}});
+        plane.kubectl(&["apply", "-f", "-"], Some(&check.to_string()));
+        for (namespace, checked) in [("team", "yes"), ("outside", "no")] {
+            let object = json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": {"checked": checked}}});
+            plane.kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+        }
+        Some(InCluster { plane, s })
+    }
+
+    fn create(&self, object: &Value) {
+        self.plane
+            .kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+    }
+
+    /// Pod `name` of `namespace` running the source's `image`.
+    fn pod(&self, namespace: &str, name: &str, image: &str) {
+        self.create(&json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": web(&self.s.src(image))}));
+    }
+
+    /// A PolicyReport about Pod `pod` of `namespace`, as the scanner writes it, with one
+    /// `fail` result of `policy` whose message carries `copies`.
+    fn report(&self, namespace: &str, pod: &str, policy: &str, copies: &[String]) {
+        let mut report = report(
+            "PolicyReport",
+            pod,
+            vec![result(policy, "fail", &copies.join("; "))],
+        );
+        report["metadata"]["namespace"] = json!(namespace);
+        report["scope"]["namespace"] = json!(namespace);
+        self.create(&report);
+    }
+
+    /// `fill-mirror once` against the cluster: its standard output and error.
+    fn once(&self) -> String {
+        let output = rig::fill_mirror()
+            .args([
+                "once",
+                "--insecure",
+                "--no-election",
+                "--log-format",
+                "text",
+            ])
+            .env("KUBECONFIG", &self.plane.kubeconfig)
+            .output()
+            .expect("run fill-mirror once");
+        let words = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert_eq!(output.status.code(), Some(0), "{words}");
+        words
+    }
+
+    /// The copy of the source's `image` to the mirror's, as the check role writes it.
+    fn copy(&self, image: &str) -> String {
+        command(&self.s.src(image), &self.s.hub(image))
+    }
+}
+
+/// Only the check policy's own results are read: another policy's `fail` in the same
+/// namespace, about a Pod that runs the image, copies nothing; the check's beside it does.
+#[test]
+fn a_report_from_another_policy_copies_nothing_in_the_cluster() {
+    let Some(c) = InCluster::start("reports-other-policy") else {
+        return;
+    };
+    let one = Image::new("one 1", "linux/amd64").push(&c.s.source, "one", Some("1"));
+    Image::new("two 1", "linux/amd64").push(&c.s.source, "two", Some("1"));
+    c.pod("team", "a", "one:1");
+    c.pod("team", "b", "two:1");
+    c.report(
+        "team",
+        "a",
+        "kw.cap.image-swapper-check",
+        &[c.copy("one:1")],
+    );
+    c.report("team", "b", "kw.cap.another-policy", &[c.copy("two:1")]);
+
+    let words = c.once();
+
+    assert!(words.contains("fill-mirror: 1 copied"), "{words}");
+    assert_eq!(c.s.mirror.digest_of("hub/one", "1"), Some(one));
+    assert_eq!(c.s.mirror.digest_of("hub/two", "1"), None, "{words}");
+}
+
+/// Reports anyone who may write one could forge: about a Pod that runs another image, about a
+/// Pod that does not exist, and in a namespace the check policy does not cover (whose Pod runs
+/// the image): none copies anything, and each is named; the check's own report about a Pod
+/// that runs its image, beside them, is filled.
+#[test]
+fn a_forged_report_copies_nothing_in_the_cluster() {
+    let Some(c) = InCluster::start("reports-forged") else {
+        return;
+    };
+    let good = Image::new("good 1", "linux/amd64").push(&c.s.source, "good", Some("1"));
+    for name in ["secret", "ghost", "outside"] {
+        Image::new(name, "linux/amd64").push(&c.s.source, name, Some("1"));
+    }
+    c.pod("team", "good", "good:1");
+    c.pod("team", "benign", "benign:1");
+    c.pod("outside", "runs-it", "outside:1");
+    let check = "kw.cap.image-swapper-check";
+    c.report("team", "good", check, &[c.copy("good:1")]);
+    c.report("team", "benign", check, &[c.copy("secret:1")]);
+    c.report("team", "nobody", check, &[c.copy("ghost:1")]);
+    c.report("outside", "runs-it", check, &[c.copy("outside:1")]);
+
+    let words = c.once();
+
+    assert!(words.contains("fill-mirror: 1 copied"), "{words}");
+    assert_eq!(c.s.mirror.digest_of("hub/good", "1"), Some(good));
+    for name in ["secret", "ghost", "outside"] {
+        assert_eq!(
+            c.s.mirror.digest_of(&format!("hub/{name}"), "1"),
+            None,
+            "{name}: {words}"
+        );
+    }
+    for why in [
+        format!("fills no image its Pod runs ({})", c.s.src("benign:1")),
+        "the Pod team/nobody it is about does not exist".to_string(),
+        "the check policy does not cover its namespace outside".to_string(),
+    ] {
+        assert!(words.contains(&why), "{why}: {words}");
+    }
+}
+
+/// The check role wrote "copy its signature" for the digest the mirror's tag named (D_old);
+/// the publisher has moved the source's tag to D_new since. The report's signature copy is
+/// refused as a record's is, naming both digests; the signature of an image whose tag has not
+/// moved, beside it, is copied.
+#[test]
+fn a_drifted_report_signature_is_refused_as_a_record_s_is() {
+    let Some(c) = InCluster::start("reports-drifted") else {
+        return;
+    };
+    let sig = |digest: &str| format!("{}.sig", digest.replacen(':', "-", 1));
+    let old = Image::new("web build 1", "linux/amd64").push(&c.s.source, "web", Some("1"));
+    Artifact::new("signature of build 1").push(&c.s.source, "web", &sig(&old));
+    let new = Image::new("web build 2", "linux/amd64").push(&c.s.source, "web", Some("1"));
+    let db = Image::new("db 1", "linux/amd64").push(&c.s.source, "db", Some("1"));
+    Artifact::new("signature of db 1").push(&c.s.source, "db", &sig(&db));
+    c.pod("team", "web", "web:1");
+    c.pod("team", "db", "db:1");
+    let check = "kw.cap.image-swapper-check";
+    let signature = |repository: &str, digest: &str| {
+        let tag = sig(digest);
+        command(
+            &c.s.src(&format!("{repository}:{tag}")),
+            &c.s.hub(&format!("{repository}:{tag}")),
+        )
+    };
+    c.report("team", "web", check, &[signature("web", &old)]);
+    c.report("team", "db", check, &[signature("db", &db)]);
+
+    let words = c.once();
+
+    assert_eq!(c.s.mirror.digest_of("hub/web", &sig(&old)), None, "{words}");
+    assert!(words.contains("1 refused"), "{words}");
+    assert!(
+        words.contains(&old) && words.contains(&new),
+        "the refusal names both digests: {words}"
+    );
+    assert_eq!(
+        c.s.mirror.digest_of("hub/db", &sig(&db)),
+        c.s.source.digest_of("db", &sig(&db)),
+        "{words}"
     );
 }

@@ -564,60 +564,35 @@ fn once_does_nothing_while_a_watch_replica_holds_the_lease() {
     assert_eq!(watch.metric("fill_mirror_leader"), Some(1.0));
 }
 
-/// The wgpolicyk8s.io report kinds as the API server serves them to the fill job: a stand-in
-/// CRD of the real group, version, kinds and plurals (the upstream CRD's schema is not vendored
-/// here; its fields are what the fill job reads and the audit scanner writes).
-fn install_policy_report_crds(plane: &ControlPlane) {
-    for (kind, plural, scope) in [
-        ("PolicyReport", "policyreports", "Namespaced"),
-        ("ClusterPolicyReport", "clusterpolicyreports", "Cluster"),
-    ] {
-        let crd = serde_json::json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("{plural}.wgpolicyk8s.io")},
-            "spec": {
-                "group": "wgpolicyk8s.io", "scope": scope,
-                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
-                "versions": [{"name": "v1alpha2", "served": true, "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
-            },
-        });
-        plane.kubectl(&["apply", "-f", "-"], Some(&crd.to_string()));
-        plane.kubectl(
-            &[
-                "wait",
-                "--for",
-                "condition=established",
-                "--timeout=60s",
-                &format!("crd/{plural}.wgpolicyk8s.io"),
-            ],
-            None,
-        );
-    }
-}
-
-/// A report of the check role with one `fail` result whose message carries `copy`.
-fn check_report(kind: &str, name: &str, copy: &str) -> Value {
-    let mut report = serde_json::json!({
-        "apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": kind,
-        "metadata": {"name": name},
+/// A report of the check role about Pod `pod` (in `default`), with one `fail` result whose
+/// message carries `copy`: as the audit scanner writes it, one report per Pod, `scope` the Pod.
+fn check_report(kind: &str, pod: &str, copy: &str) -> Value {
+    let api_version = match kind {
+        "Report" => "openreports.io/v1alpha1",
+        _ => "wgpolicyk8s.io/v1alpha2",
+    };
+    serde_json::json!({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {"name": format!("uid-{pod}"), "namespace": "default"},
+        "scope": {"apiVersion": "v1", "kind": "Pod", "namespace": "default", "name": pod},
         "results": [{"source": "kubewarden", "policy": "kw.cap.image-swapper-check", "result": "fail",
             "message": format!("a source image the Pod runs is not in the mirror: containers \"web\": fill it ({copy})")}],
-    });
-    if kind == "PolicyReport" {
-        report["metadata"]["namespace"] = Value::from("default");
-    }
-    report
+    })
 }
 
 /// The check role's findings from the cluster: `list` prints the copy a PolicyReport's `fail`
-/// names; the watch fills it, and a ClusterPolicyReport's made later, within its period.
+/// names about a Pod that runs it; the watch fills it, and a Report's made later, within its
+/// period.
 #[test]
 fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
     let Some(cluster) = cluster("fill-reports") else {
         return;
     };
-    install_policy_report_crds(&cluster.plane);
+    cluster.plane.install_report_crds();
+    cluster.plane.apply_swapping_policy(
+        "image-swapper-check",
+        &settings(&cluster.source.host, &cluster.mirror.host),
+    );
     let (source, mirror) = (&cluster.source.host, &cluster.mirror.host);
     let web = Image::new("web", "linux/amd64").push(&cluster.source, "app/web", Some("2"));
     let db = Image::new("db", "linux/amd64").push(&cluster.source, "app/db", Some("3"));
@@ -627,7 +602,15 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
             image_swapper_policy::plan::COPY_COMMAND
         )
     };
-    let namespaced = check_report("PolicyReport", "uid-web", &copy("app/web:2"));
+    for (pod, image) in [("web", "app/web:2"), ("db", "app/db:3")] {
+        let running = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": "default"},
+            "spec": {"containers": [{"name": "web", "image": format!("{source}/{image}")}]}});
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&running.to_string()));
+    }
+    let namespaced = check_report("PolicyReport", "web", &copy("app/web:2"));
     cluster
         .plane
         .kubectl(&["create", "-f", "-"], Some(&namespaced.to_string()));
@@ -650,14 +633,14 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
             == Some(web.clone())),
         "the PolicyReport's copy is not in the mirror"
     );
-    let cluster_wide = check_report("ClusterPolicyReport", "uid-db", &copy("app/db:3"));
+    let later = check_report("Report", "db", &copy("app/db:3"));
     cluster
         .plane
-        .kubectl(&["create", "-f", "-"], Some(&cluster_wide.to_string()));
+        .kubectl(&["create", "-f", "-"], Some(&later.to_string()));
     assert!(
         eventually(60, || cluster.mirror.digest_of("hub/app/db", "3")
             == Some(db.clone())),
-        "the ClusterPolicyReport's copy is not in the mirror"
+        "the Report's copy is not in the mirror"
     );
 }
 
@@ -798,4 +781,106 @@ fn a_mark_racing_a_change_of_the_record_is_refused_then_sent_for_the_new_record(
         Some(1.0),
         "copied once"
     );
+}
+
+/// A private source (distribution with htpasswd, 20 ms away) whose login the controller's auth
+/// file holds, listed for the namespace `payroll` only (`--source-namespaces`): a tenant's Pod
+/// recorded in `tenant`, naming a private image it has no Secret for, is not copied (the source
+/// is read anonymously for it, and refuses), while `payroll`'s Pod naming another is copied
+/// and marked. Once `tenant` is listed too, its copy is made.
+#[test]
+fn a_private_source_s_login_is_used_only_for_the_namespaces_listed_for_it() {
+    let Some(tools) = find_tools("fill-private-source") else {
+        return;
+    };
+    let plane = ControlPlane::start(tools);
+    let private = TestRegistry::start_with_basic_auth("fill-private-src", "puller", "pull-token")
+        .expect("private source registry");
+    let mirror = TestRegistry::start("fill-private-mirror").expect("mirror registry");
+    let far = rig::proxy::LatencyProxy::network(&private.host, Duration::from_millis(20))
+        .expect("latency proxy");
+    let swap = settings(&far.host, &mirror.host);
+    plane.install_policy_crd();
+    plane.apply_swapping_policy("image-swapper", &swap);
+    let policy = policy(&swap);
+    let ledger = Image::new("ledger", "linux/amd64").push(&private, "private/ledger", Some("1"));
+    let payroll = Image::new("payroll", "linux/amd64").push(&private, "private/payroll", Some("1"));
+    for (namespace, repository) in [("payroll", "private/ledger"), ("tenant", "private/payroll")] {
+        let object = serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace}});
+        plane.kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+        let image = format!("{}/{repository}:1", far.host);
+        let mut pod = recorded_pod("web", &[&image], &[&image], &policy);
+        pod["metadata"]["namespace"] = Value::from(namespace);
+        plane.kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
+    }
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let auth_file = dir.path().join("auth.json");
+    let login = rig::registry::basic_auth("puller", "pull-token");
+    rig::write_json(
+        &auth_file,
+        // The mirror's push login beside the source's, listed for no namespace: warned of.
+        &serde_json::json!({"auths": {
+            far.host.clone(): {"auth": login.trim_start_matches("Basic ")},
+            mirror.host.clone(): {"auth": login.trim_start_matches("Basic ")},
+        }}),
+    );
+    let auth = auth_file.display().to_string();
+    let listed = format!("{}=payroll", far.host);
+    let log = dir.path().join("watch.log");
+    let recorded_in = |namespace: &str| recorded(&plane.get_json(&["pod", "-n", namespace, "web"]));
+    let watch = Watch::spawn(
+        &plane.kubeconfig,
+        &[
+            "--auth-file",
+            &auth,
+            "--source-namespaces",
+            &listed,
+            "--no-reports",
+        ],
+        Some(&log),
+    );
+    assert!(
+        eventually(60, || !recorded_in("payroll")),
+        "payroll's Pod still recorded: {}",
+        log_of(&log)
+    );
+    assert_eq!(mirror.digest_of("hub/private/ledger", "1"), Some(ledger));
+    assert!(
+        eventually(30, || log_of(&log).contains("read anonymously")),
+        "the tenant's copy was not refused by the source: {}",
+        log_of(&log)
+    );
+    assert_eq!(
+        mirror.digest_of("hub/private/payroll", "1"),
+        None,
+        "{}",
+        log_of(&log)
+    );
+    assert!(recorded_in("tenant"), "{}", log_of(&log));
+    let start = log_of(&log);
+    assert!(
+        start.contains("used for no copy's source") && start.contains(&mirror.host),
+        "no warning at start: {start}"
+    );
+    drop(watch);
+
+    // The tenant listed too: its copy is made with the login.
+    let both = format!("{}=payroll,tenant", far.host);
+    let _watch = Watch::spawn(
+        &plane.kubeconfig,
+        &[
+            "--auth-file",
+            &auth,
+            "--source-namespaces",
+            &both,
+            "--no-reports",
+        ],
+        None,
+    );
+    assert!(
+        eventually(60, || !recorded_in("tenant")),
+        "the tenant's Pod still recorded once listed"
+    );
+    assert_eq!(mirror.digest_of("hub/private/payroll", "1"), Some(payroll));
 }

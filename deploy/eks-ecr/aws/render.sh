@@ -7,7 +7,8 @@
 # provider id for the IRSA trust policies (the last part of `aws eks describe-cluster --query
 # cluster.identity.oidc.issuer`). Writes into OUT (default: this folder) the two roles' trust
 # policies and, for deploy/eks-ecr, fill-job.json, policy-server-reader.json and prune-job.json
-# (the prune's: the one identity that may delete, an anchor tag, docs/retention.md); for a
+# (the prune's: the one identity that may delete, an anchor tag, docs/retention.md), and the
+# lifecycle CronJob's role (without-creation-template): its trust policy and lifecycle-job.json; for a
 # pull-through overlay (a rule marked pullThrough), pull-through-cache.json, both roles' policy.
 # The files beside this script are its output for the overlays' example values (tests/docs.rs
 # holds them to it). Needs bash and jq.
@@ -49,13 +50,15 @@ render() { jq -n --arg account "$account" --arg region "$region" --arg prefixes 
 repositories='($prefixes | split(",") | map("arn:aws:ecr:\($region):\($account):repository/\(.)/*")
   | if length == 1 then .[0] else . end)'
 token='{Sid: "TokenForTheLookups", Effect: "Allow", Action: "ecr:GetAuthorizationToken", Resource: "*"}'
-for account_name in mirror-credentials fill-mirror; do
+# The IRSA trust policy of the role of ServiceAccount kubewarden/$1.
+trust() {
   render "{Version: \"2012-10-17\", Statement: [{Effect: \"Allow\",
     Principal: {Federated: \"arn:aws:iam::\(\$account):oidc-provider/\(\$issuer)\"},
     Action: \"sts:AssumeRoleWithWebIdentity\",
-    Condition: {StringEquals: {\"\(\$issuer):sub\": \"system:serviceaccount:kubewarden:$account_name\",
-      \"\(\$issuer):aud\": \"sts.amazonaws.com\"}}}]}" "irsa-trust-$account_name.json"
-done
+    Condition: {StringEquals: {\"\(\$issuer):sub\": \"system:serviceaccount:kubewarden:$1\",
+      \"\(\$issuer):aud\": \"sts.amazonaws.com\"}}}]}" "irsa-trust-$1.json"
+}
+for account_name in mirror-credentials fill-mirror; do trust "$account_name"; done
 if ((pull_through > 0)); then
   render "{Version: \"2012-10-17\", Statement: [$token, {Sid: \"LookUpAndFillTheCache\", Effect: \"Allow\",
     Action: [\"ecr:BatchGetImage\", \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchImportUpstreamImage\", \"ecr:CreateRepository\"],
@@ -64,19 +67,22 @@ if ((pull_through > 0)); then
 fi
 render "{Version: \"2012-10-17\", Statement: [$token, {Sid: \"ManifestsAndSignaturesOfTheMirror\", Effect: \"Allow\",
   Action: [\"ecr:BatchGetImage\", \"ecr:GetDownloadUrlForLayer\"], Resource: $repositories}]}" policy-server-reader.json
+# The in-use set's repository (docs/retention.md): the watch publishes its set there, the prune
+# reads every cluster's and keeps its ledger there.
+in_use="arn:aws:ecr:$region:$account:repository/image-swapper/in-use"
 render "{Version: \"2012-10-17\", Statement: [{Sid: \"PushLogin\", Effect: \"Allow\", Action: \"ecr:GetAuthorizationToken\", Resource: \"*\"},
   {Sid: \"CreateInspectAndPushUnderTheMirror\", Effect: \"Allow\", Action: [\"ecr:CreateRepository\", \"ecr:BatchGetImage\",
     \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchCheckLayerAvailability\", \"ecr:InitiateLayerUpload\", \"ecr:UploadLayerPart\",
     \"ecr:CompleteLayerUpload\", \"ecr:PutImage\"], Resource: $repositories},
-  {Sid: \"LifecycleOfTheRepositoriesTheJobCreated\", Effect: \"Allow\",
-    Action: [\"ecr:GetLifecyclePolicy\", \"ecr:PutLifecyclePolicy\"], Resource: $repositories},
+  {Sid: \"PublishTheInUseSet\", Effect: \"Allow\", Action: [\"ecr:BatchGetImage\", \"ecr:GetDownloadUrlForLayer\",
+    \"ecr:BatchCheckLayerAvailability\", \"ecr:InitiateLayerUpload\", \"ecr:UploadLayerPart\",
+    \"ecr:CompleteLayerUpload\", \"ecr:PutImage\"], Resource: \"$in_use\"},
   {Sid: \"ListTheRepositories\", Effect: \"Allow\", Action: \"ecr:DescribeRepositories\",
     Resource: \"arn:aws:ecr:\(\$region):\(\$account):repository/*\"}]}" fill-job.json
 # The prune: every cluster's in-use set read from the in-use repository, where it keeps its
 # ledger (a push); the mirror's images listed and their manifests read; a stale anchor tag removed
 # (BatchDeleteImage by tag removes that tag only while the image has others: the last one goes
 # with its image, which the lifecycle rule would expire anyway). No other identity may delete.
-in_use="arn:aws:ecr:$region:$account:repository/image-swapper/in-use"
 render "{Version: \"2012-10-17\", Statement: [{Sid: \"PullLogin\", Effect: \"Allow\", Action: \"ecr:GetAuthorizationToken\", Resource: \"*\"},
   {Sid: \"ReadTheInUseSetsAndKeepTheLedger\", Effect: \"Allow\", Action: [\"ecr:ListImages\", \"ecr:BatchGetImage\",
     \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchCheckLayerAvailability\", \"ecr:InitiateLayerUpload\", \"ecr:UploadLayerPart\",
@@ -85,3 +91,10 @@ render "{Version: \"2012-10-17\", Statement: [{Sid: \"PullLogin\", Effect: \"All
     \"ecr:BatchDeleteImage\"], Resource: $repositories},
   {Sid: \"ListTheRepositories\", Effect: \"Allow\", Action: \"ecr:DescribeRepositories\",
     Resource: \"arn:aws:ecr:\(\$region):\(\$account):repository/*\"}]}" prune-job.json
+# The lifecycle CronJob of without-creation-template, a role of its own: setting a lifecycle
+# policy can expire the whole mirror, which the copying identity has no need to.
+trust mirror-lifecycle
+render "{Version: \"2012-10-17\", Statement: [{Sid: \"LifecycleOfTheRepositoriesTheFillControllerCreated\", Effect: \"Allow\",
+    Action: [\"ecr:GetLifecyclePolicy\", \"ecr:PutLifecyclePolicy\"], Resource: $repositories},
+  {Sid: \"ListTheRepositories\", Effect: \"Allow\", Action: \"ecr:DescribeRepositories\",
+    Resource: \"arn:aws:ecr:\(\$region):\(\$account):repository/*\"}]}" lifecycle-job.json

@@ -228,6 +228,59 @@ impl ControlPlane {
         }
     }
 
+    /// The report kinds Kubewarden's audit scanner writes about a Pod (wgpolicyk8s.io
+    /// PolicyReport, openreports.io Report) and the cluster-wide PolicyReport, as the API server
+    /// serves them to the fill job: stand-in CRDs of the real groups, versions, kinds and plurals
+    /// (the upstream schemas are not vendored here; their fields are what the fill job reads and
+    /// the audit scanner writes).
+    pub fn install_report_crds(&self) {
+        for (group, version, kind, plural, scope) in [
+            (
+                "wgpolicyk8s.io",
+                "v1alpha2",
+                "PolicyReport",
+                "policyreports",
+                "Namespaced",
+            ),
+            (
+                "wgpolicyk8s.io",
+                "v1alpha2",
+                "ClusterPolicyReport",
+                "clusterpolicyreports",
+                "Cluster",
+            ),
+            (
+                "openreports.io",
+                "v1alpha1",
+                "Report",
+                "reports",
+                "Namespaced",
+            ),
+        ] {
+            let crd = serde_json::json!({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{plural}.{group}")},
+                "spec": {
+                    "group": group, "scope": scope,
+                    "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                    "versions": [{"name": version, "served": true, "storage": true,
+                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+                },
+            });
+            self.kubectl(&["apply", "-f", "-"], Some(&crd.to_string()));
+            self.kubectl(
+                &[
+                    "wait",
+                    "--for",
+                    "condition=established",
+                    "--timeout=60s",
+                    &format!("crd/{plural}.{group}"),
+                ],
+                None,
+            );
+        }
+    }
+
     /// The swapping policy `name` with `settings`.
     pub fn apply_swapping_policy(&self, name: &str, settings: &Value) {
         let policy = serde_json::json!({
