@@ -8,10 +8,9 @@
 //! images taken as pushed 40 days ago; what it expires deleted through the registry API) deletes
 //! the image, and the Deployment's next replica, on a node that does not hold the image, cannot
 //! pull it. Then the same with the rules deploy/ ships (deploy/eks-ecr/aws/lifecycle-policy.json)
-//! and the image anchored as the fill controller anchors it (the tag fill-mirror's own
-//! `anchor_tag` names, put here by the test as the watch puts it: a manifest PUT of the same
-//! bytes): nothing is deleted, and the next replica pulls the image and runs, its `imageID` the
-//! digest.
+//! and the image anchored by the fill controller itself (`fill-mirror watch --cluster-id`, the
+//! built binary, following the Deployment through the API server): nothing is deleted, and the
+//! next replica pulls the image and runs, its `imageID` the digest.
 
 mod rig;
 
@@ -92,12 +91,19 @@ fn prove(kit: &NodeTools, run: &Isolated) {
         None,
     );
 
-    // 2. The shipped rules, the image anchored: nothing expires, the next replica runs.
+    // 2. The shipped rules, the image anchored by the watch: nothing expires, the next replica
+    // runs.
     let copied_back = push_busybox(kit, &mirror);
     assert_eq!(copied_back, digest);
-    anchor(&mirror, &digest);
     deploy(&plane, "web", &image);
     let first = running_replica(&plane, &node, "web", &BTreeSet::new());
+    anchored_by_the_watch(
+        &plane,
+        &mirror,
+        &far.host,
+        &digest,
+        &run.node_dir("fill-mirror"),
+    );
     let shipped =
         std::fs::read_to_string(rig::root().join("deploy/eks-ecr/aws/lifecycle-policy.json"))
             .expect("deploy/eks-ecr/aws/lifecycle-policy.json");
@@ -138,27 +144,60 @@ fn push_busybox(kit: &NodeTools, mirror: &TestRegistry) -> String {
         .expect("the pushed image")
 }
 
-/// The anchor tag fill-mirror's watch puts on a digest its cluster uses: the same manifest
-/// bytes, PUT under `inuse-<cluster>-<hex>`.
-fn anchor(mirror: &TestRegistry, digest: &str) {
+/// `fill-mirror watch` as deploy/ runs it, with the cluster id `CLUSTER`, its settings routing
+/// Docker Hub to the mirror (as `dockerhub/…`): waits until it has put the anchor tag
+/// `anchor_tag` names on `digest`, which the Deployment runs, then stops it.
+fn anchored_by_the_watch(
+    plane: &ControlPlane,
+    mirror: &TestRegistry,
+    mirror_host: &str,
+    digest: &str,
+    dir: &std::path::Path,
+) {
     let tag = in_use_set::anchor_tag(CLUSTER, digest).expect("a sha256 digest");
-    let answer = ureq::get(&format!(
-        "http://{}/v2/{REPOSITORY}/manifests/{digest}",
-        mirror.host
-    ))
-    .set(
-        "Accept",
-        "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json",
-    )
-    .call()
-    .expect("the manifest");
-    let media_type = answer.content_type().to_string();
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut answer.into_reader(), &mut bytes).expect("manifest bytes");
-    let put = mirror
-        .push_manifest(REPOSITORY, &tag, &media_type, &bytes)
-        .expect("the anchor");
-    assert_eq!(put, digest, "the anchor names another manifest");
+    std::fs::create_dir_all(dir).expect("the watch's folder");
+    let settings = dir.join("settings.json");
+    let routing =
+        json!({"mirrors": [{"source": "docker.io", "target": format!("{mirror_host}/dockerhub")}]});
+    std::fs::write(&settings, routing.to_string()).expect("settings");
+    let log = dir.join("fill-mirror.log");
+    let mut watch = Command::new(rig::fill_mirror())
+        .args([
+            "watch",
+            "--insecure",
+            "--log-format",
+            "text",
+            "--period",
+            "1",
+        ])
+        .args(["--cluster-id", CLUSTER, "--settings"])
+        .arg(&settings)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", rig::tools::free_port()),
+        ])
+        .env("KUBECONFIG", &plane.kubeconfig)
+        .env("HOSTNAME", "fill-mirror-0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("fill-mirror watch");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let anchored = loop {
+        let anchored = mirror.digest_of(REPOSITORY, &tag);
+        if anchored.is_some() || Instant::now() > deadline {
+            break anchored;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(
+        anchored.as_deref(),
+        Some(digest),
+        "the watch put no anchor {tag}:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
 }
 
 /// A retention run over the mirror's repository: `policy` evaluated as ECR does
