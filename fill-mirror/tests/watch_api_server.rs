@@ -14,7 +14,7 @@ use rig::api_proxy::ApiProxy;
 use rig::images::Image;
 use rig::plane::{ControlPlane, find_tools};
 use rig::registry::TestRegistry;
-use rig::{alerts, fill_mirror, policy, recorded_pod, settings};
+use rig::{alerts, fill_mirror, pod_recorded_by_hand, settings};
 use serde_json::Value;
 
 const LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
@@ -126,7 +126,6 @@ struct Cluster {
     plane: ControlPlane,
     source: TestRegistry,
     mirror: TestRegistry,
-    policy: image_swapper_policy::policy::Policy,
 }
 
 fn cluster(test: &str) -> Option<Cluster> {
@@ -143,7 +142,6 @@ fn cluster_with(test: &str, apiserver_args: &str) -> Option<Cluster> {
     plane.install_policy_crd();
     plane.apply_swapping_policy("image-swapper", &settings);
     Some(Cluster {
-        policy: policy(&settings),
         plane,
         source,
         mirror,
@@ -151,16 +149,16 @@ fn cluster_with(test: &str, apiserver_args: &str) -> Option<Cluster> {
 }
 
 impl Cluster {
+    /// Where the settings route `repository:1` of the source: the same path under `hub`.
+    fn mirror_of(&self, repository: &str) -> String {
+        format!("{}/hub/{repository}:1", self.mirror.host)
+    }
+
     /// Creates Pod `name` running `repository:1` from the source, with the record admission
-    /// writes when the mirror lacks it.
+    /// writes when the mirror lacks it, written by hand.
     fn create_pod(&self, name: &str, repository: &str) {
         let image = format!("{}/{repository}:1", self.source.host);
-        let pod = recorded_pod(name, &[&image], &[&image], &self.policy);
-        assert_eq!(
-            pod.pointer("/metadata/labels").and_then(|l| l.get(LABEL)),
-            Some(&Value::from("true")),
-            "{pod}"
-        );
+        let pod = pod_recorded_by_hand(name, &image, &self.mirror_of(repository));
         self.plane
             .kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
     }
@@ -400,7 +398,11 @@ fn a_record_in_a_namespace_the_policy_does_not_cover_is_ignored() {
         &cluster,
         "record",
         |namespace, image| {
-            let mut pod = recorded_pod("web", &[image], &[image], &cluster.policy);
+            let repository = image
+                .strip_prefix(&format!("{}/", cluster.source.host))
+                .and_then(|path| path.strip_suffix(":1"))
+                .expect("a repository of the source");
+            let mut pod = pod_recorded_by_hand("web", image, &cluster.mirror_of(repository));
             pod["metadata"]["namespace"] = Value::from(namespace);
             pod
         },
@@ -622,8 +624,7 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
     let db = Image::new("db", "linux/amd64").push(&cluster.source, "app/db", Some("3"));
     let copy = |image: &str| {
         format!(
-            "{} docker://{source}/{image} docker://{mirror}/hub/{image}",
-            image_swapper_policy::plan::COPY_COMMAND
+            "skopeo copy --all --preserve-digests docker://{source}/{image} docker://{mirror}/hub/{image}"
         )
     };
     let namespaced = check_report("PolicyReport", "uid-web", &copy("app/web:2"));
