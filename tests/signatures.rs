@@ -1315,14 +1315,8 @@ fn record_case(tools: &RealTools, world: &World, name: &str, settings: &Value, i
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(patch)
             .expect("base64 patch");
-        let operations: Vec<Value> = serde_json::from_slice(&bytes).expect("JSON patch");
-        let mut paths = serde_json::Map::new();
-        for operation in operations {
-            if let Some(path) = operation["path"].as_str() {
-                paths.insert(path.to_string(), operation["value"].clone());
-            }
-        }
-        expect["patch"] = Value::Object(paths);
+        // The whole JSON patch: its operations, paths and values, in kwctl's order.
+        expect["patch"] = serde_json::from_slice(&bytes).expect("JSON patch");
     }
     if answer["warnings"].as_array().is_some_and(|w| !w.is_empty()) {
         expect["warnings"] = answer["warnings"].clone();
