@@ -72,6 +72,7 @@ fn main() -> ExitCode {
                 no_templates,
                 no_reports,
                 check,
+                kubewarden_namespace,
                 election,
             } => {
                 let timing = Timing {
@@ -87,6 +88,8 @@ fn main() -> ExitCode {
                     Follow {
                         templates: !no_templates,
                         reports: (!no_reports).then_some(check),
+                        kubewarden_namespace: Some(kubewarden_namespace)
+                            .filter(|namespace| !namespace.is_empty()),
                     },
                     election,
                 )

@@ -19,6 +19,8 @@ pub struct Follow {
     pub templates: bool,
     /// The check role's reports, each period: its policy.
     pub reports: Option<Check>,
+    /// Kubewarden's own namespace, which no policy sees (none: every namespace may be seen).
+    pub kubewarden_namespace: Option<String>,
 }
 
 /// The watch's periods.
@@ -89,6 +91,7 @@ pub async fn watch(
             .reports
             .map(|check| source::check_policy_ids(&check.check_policy)),
         period: timing.period,
+        kubewarden_namespace: follow.kubewarden_namespace,
     };
     let watching = tokio::spawn(watcher.run());
     let engine = copying.engine().await?;

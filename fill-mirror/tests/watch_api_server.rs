@@ -324,6 +324,85 @@ fn templates_are_filled_only_where_the_policy_s_namespace_selector_covers() {
     );
 }
 
+/// Kubewarden's controller registers the policy's webhook with its `objectSelector` and leaves
+/// its own namespace out (policy-server accepts what comes from there unchanged): a template or
+/// a recorded Pod the selector does not match, or in namespace `kubewarden`, is never swapped, so
+/// it is not filled, beside a labelled one in `default` that is.
+#[test]
+fn nothing_outside_the_object_selector_or_in_kubewarden_s_namespace_is_filled() {
+    let Some(cluster) = cluster("fill-object-selector") else {
+        return;
+    };
+    let mut policy = cluster
+        .plane
+        .get_json(&["clusteradmissionpolicy", "image-swapper"]);
+    policy["spec"]["objectSelector"] = serde_json::json!({"matchLabels": {"swap": "yes"}});
+    cluster
+        .plane
+        .kubectl(&["apply", "-f", "-"], Some(&policy.to_string()));
+    cluster
+        .plane
+        .kubectl(&["create", "namespace", "kubewarden"], None);
+    let watch = Watch::start(&cluster.plane);
+    // (repository, namespace, the Pods' labels, filled)
+    let cases = [
+        ("app/template-in", "default", "yes", true),
+        ("app/template-unlabelled", "default", "no", false),
+        ("app/template-kubewarden", "kubewarden", "yes", false),
+        ("app/pod-in", "default", "yes", true),
+        ("app/pod-unlabelled", "default", "no", false),
+        ("app/pod-kubewarden", "kubewarden", "yes", false),
+    ];
+    let mut digests = Vec::new();
+    for (i, (repository, namespace, swap, _)) in cases.iter().enumerate() {
+        let digest =
+            Image::new(repository, "linux/amd64").push(&cluster.source, repository, Some("1"));
+        digests.push(digest);
+        let image = format!("{}/{repository}:1", cluster.source.host);
+        let object = if repository.starts_with("app/template") {
+            serde_json::json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": format!("web-{i}"), "namespace": namespace},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                         "template": {"metadata": {"labels": {"app": "web", "swap": swap}},
+                                      "spec": {"containers": [{"name": "c", "image": image}]}}},
+            })
+        } else {
+            let mut pod =
+                pod_recorded_by_hand(&format!("web-{i}"), &image, &cluster.mirror_of(repository));
+            pod["metadata"]["namespace"] = Value::from(*namespace);
+            pod["metadata"]["labels"]["swap"] = Value::from(*swap);
+            pod
+        };
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+    }
+    for ((repository, _, _, filled), digest) in cases.iter().zip(&digests) {
+        if *filled {
+            assert!(
+                eventually(60, || cluster
+                    .mirror
+                    .digest_of(&format!("hub/{repository}"), "1")
+                    == Some(digest.clone())),
+                "{repository} is not filled"
+            );
+        }
+    }
+    // Everything was seen in the same lists; give the others' copies the time they would take.
+    std::thread::sleep(Duration::from_secs(3));
+    for (repository, namespace, swap, filled) in cases {
+        if !filled {
+            assert_eq!(
+                cluster.mirror.digest_of(&format!("hub/{repository}"), "1"),
+                None,
+                "{repository} (namespace {namespace}, swap={swap}) was filled"
+            );
+        }
+    }
+    drop(watch);
+}
+
 /// Creates in namespaces `covered` and `other` (`cover_only_covered`) the object `object` makes
 /// for an image of each, under a running watch: the covered one's image is filled; once
 /// `meanwhile` has run, the other's is not, until its namespace is labelled into the selector.
