@@ -676,15 +676,69 @@ fn install_policy_report_crds(plane: &ControlPlane) {
     }
 }
 
-/// A report of the check role with one `fail` result whose message carries `copy`.
-fn check_report(kind: &str, name: &str, copy: &str) -> Value {
+/// OpenReports' CRDs (`openreports.io/v1alpha1` Report and ClusterReport, the report kinds of
+/// the Kubewarden 1.38 chart's default), with the shape of openreports/reports-api's
+/// config/install.yaml for what a report carries: `results` at the top level, each result's
+/// `policy` required and its `result` one of five words, and every field not in the schema
+/// pruned by the API server, as the real CRDs have it.
+fn install_openreports_crds(plane: &ControlPlane) {
+    let result = serde_json::json!({
+        "type": "object", "required": ["policy"],
+        "properties": {
+            "policy": {"type": "string"}, "rule": {"type": "string"},
+            "source": {"type": "string"}, "message": {"type": "string"},
+            "category": {"type": "string"}, "scored": {"type": "boolean"},
+            "result": {"type": "string", "enum": ["pass", "fail", "warn", "error", "skip"]},
+            "severity": {"type": "string", "enum": ["critical", "high", "low", "medium", "info"]},
+            "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    });
+    let count = serde_json::json!({"type": "integer"});
+    for (kind, plural, scope) in [
+        ("Report", "reports", "Namespaced"),
+        ("ClusterReport", "clusterreports", "Cluster"),
+    ] {
+        let crd = serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.openreports.io")},
+            "spec": {
+                "group": "openreports.io", "scope": scope,
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "source": {"type": "string"},
+                        "results": {"type": "array", "items": result},
+                        "summary": {"type": "object", "properties": {
+                            "pass": count, "fail": count, "warn": count, "error": count, "skip": count}},
+                    }}}}],
+            },
+        });
+        plane.kubectl(&["apply", "-f", "-"], Some(&crd.to_string()));
+        plane.kubectl(
+            &[
+                "wait",
+                "--for",
+                "condition=established",
+                "--timeout=60s",
+                &format!("crd/{plural}.openreports.io"),
+            ],
+            None,
+        );
+    }
+}
+
+/// A report of the check role (`api_version`, `kind`) with one `fail` result whose message
+/// carries `copy`; namespaced in `default` unless its kind is a cluster's.
+fn check_report(api_version: &str, kind: &str, name: &str, copy: &str) -> Value {
     let mut report = serde_json::json!({
-        "apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": kind,
+        "apiVersion": api_version, "kind": kind,
         "metadata": {"name": name},
         "results": [{"source": "kubewarden", "policy": "kw.cap.image-swapper-check", "result": "fail",
             "message": format!("a source image the Pod runs is not in the mirror: containers \"web\": fill it ({copy})")}],
     });
-    if kind == "PolicyReport" {
+    if !kind.starts_with("Cluster") {
         report["metadata"]["namespace"] = Value::from("default");
     }
     report
@@ -698,6 +752,32 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
         return;
     };
     install_policy_report_crds(&cluster.plane);
+    reports_listed_and_filled(
+        &cluster,
+        "wgpolicyk8s.io/v1alpha2",
+        ["PolicyReport", "ClusterPolicyReport"],
+    );
+}
+
+/// The same with OpenReports, the Kubewarden 1.38 chart's default report kinds, read from the
+/// API server beside wgpolicyk8s.io's CRDs (installed, no report of theirs).
+#[test]
+fn the_check_role_s_openreports_in_the_cluster_are_listed_and_filled() {
+    let Some(cluster) = cluster("fill-openreports") else {
+        return;
+    };
+    install_policy_report_crds(&cluster.plane);
+    install_openreports_crds(&cluster.plane);
+    reports_listed_and_filled(
+        &cluster,
+        "openreports.io/v1alpha1",
+        ["Report", "ClusterReport"],
+    );
+}
+
+/// `list` prints the copy a namespaced report's `fail` names; the watch fills it, and a
+/// cluster-wide report's made later, within its period.
+fn reports_listed_and_filled(cluster: &Cluster, api_version: &str, [namespaced, wide]: [&str; 2]) {
     let (source, mirror) = (&cluster.source.host, &cluster.mirror.host);
     let web = Image::new("web", "linux/amd64").push(&cluster.source, "app/web", Some("2"));
     let db = Image::new("db", "linux/amd64").push(&cluster.source, "app/db", Some("3"));
@@ -706,10 +786,10 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
             "skopeo copy --all --preserve-digests docker://{source}/{image} docker://{mirror}/hub/{image}"
         )
     };
-    let namespaced = check_report("PolicyReport", "uid-web", &copy("app/web:2"));
+    let report = check_report(api_version, namespaced, "uid-web", &copy("app/web:2"));
     cluster
         .plane
-        .kubectl(&["create", "-f", "-"], Some(&namespaced.to_string()));
+        .kubectl(&["create", "-f", "-"], Some(&report.to_string()));
 
     let listed = fill_mirror()
         .args(["list", "--log-format", "text"])
@@ -727,16 +807,16 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
     assert!(
         eventually(60, || cluster.mirror.digest_of("hub/app/web", "2")
             == Some(web.clone())),
-        "the PolicyReport's copy is not in the mirror"
+        "the {namespaced}'s copy is not in the mirror"
     );
-    let cluster_wide = check_report("ClusterPolicyReport", "uid-db", &copy("app/db:3"));
+    let report = check_report(api_version, wide, "uid-db", &copy("app/db:3"));
     cluster
         .plane
-        .kubectl(&["create", "-f", "-"], Some(&cluster_wide.to_string()));
+        .kubectl(&["create", "-f", "-"], Some(&report.to_string()));
     assert!(
         eventually(60, || cluster.mirror.digest_of("hub/app/db", "3")
             == Some(db.clone())),
-        "the ClusterPolicyReport's copy is not in the mirror"
+        "the {wide}'s copy is not in the mirror"
     );
 }
 
