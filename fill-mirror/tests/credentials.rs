@@ -16,7 +16,7 @@ use rig::ecr::{ACCOUNT, EcrRegistry, Moto};
 use rig::images::Image;
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
-use rig::{fill_mirror, pod_recorded_by_hand, text, write_json};
+use rig::{fill_mirror, mirror_by_hand, pod_recorded_by_hand, text, write_json};
 use serde_json::{Value, json};
 
 /// A registry's distance for the sources behind the latency proxy.
@@ -75,23 +75,12 @@ fn once(pods: &Path, settings: &Path, args: &[&str], env: &[(&str, String)]) -> 
 /// The Pods file and the settings file for Pods of `images`, recorded as lacking them, under
 /// `rules` (the swapping policy's `mirrors`).
 fn inputs(dir: &Path, rules: Value, images: &[&str]) -> (PathBuf, PathBuf) {
-    // Each record written by hand: the image's path under its rule's source, kept under the
-    // rule's target.
-    let mirror_of = |image: &str| {
-        rules
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find_map(|rule| {
-                let path = image.strip_prefix(&format!("{}/", rule["source"].as_str()?))?;
-                Some(format!("{}/{path}", rule["target"].as_str()?))
-            })
-            .expect("a rule routes the image")
-    };
     let items: Vec<Value> = images
         .iter()
         .enumerate()
-        .map(|(i, image)| pod_recorded_by_hand(&format!("p{i}"), image, &mirror_of(image)))
+        .map(|(i, image)| {
+            pod_recorded_by_hand(&format!("p{i}"), image, &mirror_by_hand(&rules, image))
+        })
         .collect();
     let settings = json!({ "mirrors": rules });
     let (pods, settings_file) = (dir.join("pods.json"), dir.join("settings.json"));

@@ -98,6 +98,20 @@ pub fn hand_written_record(image: &str, mirror: &str) -> String {
     )
 }
 
+/// Where `rules` (the settings' `mirrors`, each a `source` and a `target`) route `image`, by
+/// hand: the image's path under the first source it is under, kept under that rule's target.
+pub fn mirror_by_hand(rules: &Value, image: &str) -> String {
+    rules
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|rule| {
+            let path = image.strip_prefix(&format!("{}/", rule["source"].as_str()?))?;
+            Some(format!("{}/{path}", rule["target"].as_str()?))
+        })
+        .expect("a rule routes the image")
+}
+
 /// A Pod of namespace `default` running `image` (container `c0`), labelled and annotated with
 /// `hand_written_record(image, mirror)`.
 pub fn pod_recorded_by_hand(name: &str, image: &str, mirror: &str) -> Value {
