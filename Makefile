@@ -102,10 +102,12 @@ target/floor-policy.wasm: bench/floor-policy/src/lib.rs bench/floor-policy/Cargo
 # fill-mirror's figures (fill-mirror/benches/fill.rs: the real kube-apiserver, skopeo, registries
 # on loopback) run on the test build: their time is skopeo's, the API server's and the
 # registries', not the binary's own work, so they need no release build of kube and tokio.
-# BENCH_ONLY=fill-mirror: those figures alone.
+# The month-of-churn figures (fill-mirror/benches/churn.rs: the prune's own decision over 90
+# simulated days) follow them. BENCH_ONLY=fill-mirror: those figures alone.
 ifeq ($(BENCH_ONLY),fill-mirror)
 bench: deps tools
 	$(CARGO) test --locked -p fill-mirror --bench fill
+	$(CARGO) test --locked -p fill-mirror --bench churn
 else ifeq ($(BENCH_QUICK),1)
 # BENCH_QUICK=1: every table of the admission benchmark, 3 runs a row, built as the tests are
 # (the test profile, no second, LTO build of wasmtime): CI's proof that the benchmark runs to
@@ -113,10 +115,12 @@ else ifeq ($(BENCH_QUICK),1)
 bench: deps tools policy.wasm target/floor-policy.wasm
 	BENCH_QUICK=1 $(CARGO) test --locked --bench admission
 	BENCH_QUICK=1 $(CARGO) test --locked -p fill-mirror --bench fill
+	$(CARGO) test --locked -p fill-mirror --bench churn
 else
 bench: deps tools policy.wasm target/floor-policy.wasm
 	$(CARGO) bench --locked --bench admission
 	$(CARGO) test --locked -p fill-mirror --bench fill
+	$(CARGO) test --locked -p fill-mirror --bench churn
 endif
 
 # make push REGISTRY=registry://ghcr.io/ORG/policies/image-swapper:v0.1.0

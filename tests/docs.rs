@@ -1363,6 +1363,93 @@ fn the_iam_policies_allow_what_the_lookups_and_the_fill_job_do() {
     }
 }
 
+/// The prune's IAM policy (`prune-job.json`) is the only one that may delete: `ecr:BatchDeleteImage`
+/// on the mirror's repositories (a stale anchor tag), besides listing them, reading their
+/// manifests and, on the in-use repository only, reading the clusters' sets and pushing its
+/// ledger; no other role of the EKS overlays holds a delete or a lifecycle action it would not
+/// need, so the watch that anchors cannot remove an anchor or an image.
+#[test]
+fn only_the_prune_may_delete_and_only_under_the_mirror() {
+    let (account, region, prefix) = eks_mirror();
+    let policy = iam_policy("prune-job.json");
+    let mirror = vec![format!(
+        "arn:aws:ecr:{region}:{account}:repository/{prefix}/*"
+    )];
+    let in_use = vec![format!(
+        "arn:aws:ecr:{region}:{account}:repository/image-swapper/in-use"
+    )];
+    let pull = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"];
+    let push = [
+        "ecr:BatchCheckLayerAvailability",
+        "ecr:InitiateLayerUpload",
+        "ecr:UploadLayerPart",
+        "ecr:CompleteLayerUpload",
+        "ecr:PutImage",
+    ];
+    let mut wanted: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    wanted.insert("ecr:GetAuthorizationToken", vec!["*".to_string()]);
+    wanted.insert(
+        "ecr:DescribeRepositories",
+        vec![format!("arn:aws:ecr:{region}:{account}:repository/*")],
+    );
+    for action in ["ecr:DescribeImages", "ecr:BatchDeleteImage"] {
+        wanted.insert(action, mirror.clone());
+    }
+    for action in push.into_iter().chain(["ecr:ListImages", pull[1]]) {
+        wanted.insert(action, in_use.clone());
+    }
+    let mut both = [mirror.clone(), in_use.clone()].concat();
+    both.sort();
+    wanted.insert(pull[0], both);
+    let statements = policy["Statement"].as_array().expect("Statement");
+    let granted: BTreeSet<String> = statements
+        .iter()
+        .flat_map(|st| match &st["Action"] {
+            serde_json::Value::String(a) => vec![a.clone()],
+            other => serde_json::from_value(other.clone()).expect("Action list"),
+        })
+        .collect();
+    assert_eq!(
+        granted,
+        wanted
+            .keys()
+            .map(|a| a.to_string())
+            .collect::<BTreeSet<_>>(),
+        "prune-job.json grants other actions than the prune's"
+    );
+    for (action, on) in &wanted {
+        let mut allowed = allowed_on(&policy, action);
+        allowed.sort();
+        assert_eq!(
+            &allowed, on,
+            "prune-job.json: {action} is allowed on {allowed:?}"
+        );
+    }
+    let deleting = [
+        "ecr:BatchDeleteImage",
+        "ecr:DeleteRepository",
+        "ecr:DeleteLifecyclePolicy",
+        "ecr:PutLifecyclePolicy",
+    ];
+    for file in [
+        "fill-job.json",
+        "policy-server-reader.json",
+        "pull-through-cache.json",
+    ] {
+        let other = iam_policy(file);
+        for action in deleting {
+            let on = allowed_on(&other, action);
+            // The fill job's fallback CronJob sets the lifecycle rules of the repositories it
+            // created (without-creation-template), the file's only.
+            let fallback = file == "fill-job.json" && action == "ecr:PutLifecyclePolicy";
+            assert!(
+                on.is_empty() || fallback,
+                "{file} allows {action} on {on:?}"
+            );
+        }
+    }
+}
+
 /// A mirror at the registry's root (k8s-image-swapper's default layout: the source host is the
 /// first path component, `docker.io/library/nginx`): `render.sh` takes it with the overlay's
 /// `sourceHosts` and renders, for each role, what it does on the repositories of those hosts
@@ -1515,6 +1602,7 @@ fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
                 "irsa-trust-fill-mirror.json",
                 "fill-job.json",
                 "policy-server-reader.json",
+                "prune-job.json",
             ][..],
         ),
         (
@@ -1541,7 +1629,7 @@ fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
             rendered += 1;
         }
     }
-    assert_eq!(rendered, 7);
+    assert_eq!(rendered, 8);
     // Another mirror: the one value reaches every ARN.
     let dir = scratch.join("overlay");
     std::fs::create_dir_all(&dir).expect("dir");
@@ -1822,13 +1910,18 @@ fn rendered_with_component(overlay: &str, component: &str) -> Vec<serde_json::Va
         .collect()
 }
 
+/// deploy/eks-ecr/aws/lifecycle-policy.json as 0.7.0 shipped it: an age-only rule, which expired
+/// running images too.
+const AGE_ONLY_0_7: &str = r#"{"rules":[{"rulePriority":1,"description":"Expire images pushed more than 30 days ago: the check reports their Pods and the fill job copies them again","selection":{"tagStatus":"any","countType":"sinceImagePushed","countUnit":"days","countNumber":30},"action":{"type":"expire"}}]}"#;
+
 /// The lifecycle CronJob of the overlay's fallback component (without-creation-template), its
 /// script run against moto's ECR (whose PutLifecyclePolicy
 /// validates the policy as ECR's grammar has it), for the overlay's mirror under a prefix and for
 /// a mirror at the registry's root (k8s-image-swapper's default layout, the repositories under
 /// the overlay's `sourceHosts`): every repository of the mirror without a lifecycle policy gets
 /// `deploy/eks-ecr/aws/lifecycle-policy.json`, one with its own keeps it, one outside the
-/// mirror is left alone, and a second run changes nothing.
+/// mirror is left alone, one still holding the age-only rule of 0.7.0 gets the file's, and a
+/// second run changes nothing.
 #[test]
 fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
     let eks = rendered_with_component("eks-ecr", "without-creation-template");
@@ -1914,6 +2007,13 @@ fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
             &serde_json::json!({"repositoryName": kept, "lifecyclePolicyText": own}),
         )
         .expect("PutLifecyclePolicy");
+        // The first of the mirror's repositories still holds the age-only rule 0.7.0's job gave:
+        // it is replaced by the file's, which keeps what a cluster anchors.
+        moto.ecr(
+            "PutLifecyclePolicy",
+            &serde_json::json!({"repositoryName": new[0], "lifecyclePolicyText": AGE_ONLY_0_7}),
+        )
+        .expect("PutLifecyclePolicy");
         let run = || {
             let output = Command::new("bash")
                 .args(["-c", &script])
@@ -1921,6 +2021,7 @@ fn the_lifecycle_job_gives_the_fill_jobs_repositories_the_30_day_rule() {
                 .env("AWS_DEFAULT_REGION", env("AWS_REGION"))
                 .env("MIRROR", &mirror)
                 .env("SOURCE_HOSTS", env("SOURCE_HOSTS"))
+                .env("AGE_ONLY", env("AGE_ONLY"))
                 .output()
                 .expect("bash");
             assert!(output.status.success(), "{output:?}");
@@ -2199,4 +2300,74 @@ fn the_fill_controller_runs_the_releases_image_with_least_privileges() {
         }
     }
     assert!(running >= 2, "{running} overlays run the fill controller");
+}
+
+/// The prune's CronJob, where an overlay renders it: a dry run (no `--delete` until the operator
+/// adds it) of the release's image, pruning under the overlay's own mirror, with its own
+/// docker-config Secret (a login that may delete, not the fill controller's) and a ServiceAccount
+/// that has no token and no binding: it reads everything from the registry.
+#[test]
+fn the_prune_runs_dry_with_its_own_login_and_no_kubernetes_rights() {
+    let image = format!(
+        "ghcr.io/image-swapper-policy/fill-mirror:v{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut pruning = 0;
+    for (place, documents) in rendered_overlays() {
+        let Some(cron) = documents
+            .iter()
+            .find(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-prune")
+        else {
+            continue;
+        };
+        pruning += 1;
+        let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], "mirror-prune", "{place}");
+        assert_eq!(pod["automountServiceAccountToken"], false, "{place}");
+        let account = documents
+            .iter()
+            .find(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == "mirror-prune")
+            .unwrap_or_else(|| panic!("{place}: no ServiceAccount mirror-prune"));
+        assert_eq!(account["automountServiceAccountToken"], false, "{place}");
+        let bound: Vec<&serde_json::Value> = documents
+            .iter()
+            .filter(|d| {
+                d["subjects"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|s| s["name"] == "mirror-prune")
+            })
+            .collect();
+        assert!(bound.is_empty(), "{place}: the prune is bound: {bound:?}");
+        let container = &pod["containers"][0];
+        assert_eq!(container["image"], image.as_str(), "{place}");
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .collect();
+        assert_eq!(args[..2], ["prune", "--mirror"], "{place}");
+        assert!(
+            !args.contains(&"--delete"),
+            "{place}: not a dry run: {args:?}"
+        );
+        let mirror = documents
+            .iter()
+            .filter(|d| d["kind"] == "ClusterAdmissionPolicy")
+            .find_map(|d| d["spec"]["settings"]["mirrors"][0]["target"].as_str())
+            .unwrap_or_else(|| panic!("{place}: no mirror target"));
+        assert_eq!(
+            args[2], mirror,
+            "{place}: the prune's mirror is the swapping's"
+        );
+        let secret = pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|v| v["secret"]["secretName"].as_str());
+        assert_eq!(secret, Some("mirror-prune"), "{place}: its own login");
+    }
+    assert!(pruning >= 1, "no overlay renders the prune");
 }

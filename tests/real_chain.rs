@@ -1130,3 +1130,143 @@ fn a_policy_server_that_may_not_list_or_watch_the_verifiers_is_found_out() {
         checked[7], unchecked[7]
     );
 }
+
+/// h. The write-back after a verifier that ran first. On 1.38 a team's namespaced verifier
+/// (`kw.ap.<ns>.verify-image-signatures`, mutating by default) sorts before
+/// `kw.cap.image-swapper`: it sees a Pod naming the mirror's spelling of an image, which its
+/// rules (on the sources) do not name, and admits it. The swapper must not then write the
+/// image back to its source spelling when the source is unsigned: under `signatures` and
+/// under `verifiers` (reading the team's real AdmissionPolicy through policy-server 1.35's
+/// Kubernetes capability), with the defaults `onUnverified: keep` and `onLookupError: keep`,
+/// the mirror spelling of an unsigned image the mirror lacks is refused by the swapper; alone,
+/// the verifier admits it as written (a Pod that would never pull). The signed image's mirror
+/// spelling is admitted at its verified digest, and the unsigned source refused by the verifier,
+/// in every chain as alone.
+#[test]
+fn a_namespaced_verifier_called_first_is_not_undone_by_the_write_back() {
+    let Some(tools) = RealTools::find("real_chain::a_namespaced_verifier_called_first") else {
+        return;
+    };
+    let plane = chain::shared_plane(&tools);
+    chain::kubewarden_crds(&plane);
+    let images = SignedImages::start("chain-late");
+    let registries = &images.registries;
+    // Unsigned at the source, never copied: the mirror lacks it.
+    Image::new("chain-late org/app late", "linux/amd64").push(
+        &registries.source,
+        "org/app",
+        Some("late"),
+    );
+    let (alone, by_signatures, by_verifiers) = ("late-alone", "late-signatures", "late-verifiers");
+    chain::namespaces(&plane, &[alone, by_signatures, by_verifiers]);
+    let team_verifier = |namespace: &str| {
+        images.verifier(
+            "AdmissionPolicy",
+            Some(namespace),
+            "verify-image-signatures",
+            "org/*",
+        )
+    };
+    let list = json!({"apiVersion": "v1", "kind": "List",
+        "items": [team_verifier(by_signatures), team_verifier(by_verifiers)]});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&list.to_string()));
+
+    let by_source = images.rule(&format!("{}/org/*", registries.source.host));
+    let mut with_signatures = registries.settings();
+    with_signatures["signatures"] = json!([by_source]);
+    let mut with_verifiers = registries.settings();
+    with_verifiers["verifiers"] = json!([{"module": "*/verify-image-signatures:*"}]);
+    let module = swapper(&tools);
+    let sources = registries.sources();
+    let kubeconfig = chain::service_account_kubeconfig(
+        &plane,
+        "kubewarden",
+        "policy-server-late",
+        &["get", "list", "watch"],
+    );
+    let server = PolicyServer::start(
+        &tools,
+        &chain::policies_yml(
+            &tools,
+            &[
+                Entry::new("swapper-signatures", &module, with_signatures),
+                Entry::new("swapper-verifiers", &module, with_verifiers).reading_policies(),
+                Entry::new(
+                    "team-verifier",
+                    &tools.bin("verify-image-signatures.wasm"),
+                    json!({"signatures": [by_source]}),
+                ),
+            ],
+        ),
+        PolicyServerOptions {
+            kubeconfig: Some(&kubeconfig),
+            ..options(&sources)
+        },
+    );
+    // The names the controller gives a namespaced policy's and a cluster-wide policy's webhook;
+    // the API server calls them in this order (by name).
+    for (namespace, swapper_policy) in [
+        (alone, None),
+        (by_signatures, Some("swapper-signatures")),
+        (by_verifiers, Some("swapper-verifiers")),
+    ] {
+        let verifier_name = format!("kw.ap.{namespace}.verify-image-signatures");
+        let swapper_name = format!("kw.cap.image-swapper.{namespace}");
+        assert!(verifier_name < swapper_name, "the verifier is called first");
+        let mut webhooks = vec![(verifier_name, "team-verifier")];
+        webhooks.extend(swapper_policy.map(|policy| (swapper_name, policy)));
+        for (name, policy) in &webhooks {
+            Webhook {
+                name,
+                server: &server,
+                policy,
+                namespaces: &[namespace],
+                failure_policy: "Fail",
+                timeout_seconds: WEBHOOK_TIMEOUT_SECONDS,
+            }
+            .install(&plane);
+        }
+    }
+
+    let late_at_mirror = format!("{}/cache/org/app:late", registries.mirror.host);
+    let signed_at_mirror = format!("{}/cache/org/app:signed", registries.mirror.host);
+    let unsigned = registries.image("org/app", "unsigned");
+
+    let admitted_alone = apply(&plane, &pod(alone, "late", &late_at_mirror));
+    assert_eq!(
+        admitted_alone.image(0),
+        late_at_mirror,
+        "alone, the team's verifier admits the mirror spelling its rules do not name: {admitted_alone:?}"
+    );
+    for (namespace, policy) in [
+        (by_signatures, "swapper-signatures"),
+        (by_verifiers, "swapper-verifiers"),
+    ] {
+        let late = apply(&plane, &pod(namespace, "late", &late_at_mirror));
+        assert!(
+            late.stored.is_none(),
+            "{namespace}: the unsigned source written back after the verifier ran: {late:?}\n{}",
+            server.log()
+        );
+        let refusal = late.refused.as_deref().unwrap_or_default();
+        assert!(
+            refusal.contains(&format!(
+                "admission webhook \"{policy}.kubewarden.admission\" denied the request"
+            )) && refusal.contains(&late_at_mirror),
+            "{namespace}: refused by the swapper, naming the image: {refusal}"
+        );
+
+        let signed = apply(&plane, &pod(namespace, "signed", &signed_at_mirror));
+        assert_eq!(
+            signed.image(0),
+            registries.mirror_image("org/app", "signed", &images.signed),
+            "{namespace}: the signed image's mirror spelling, at its verified digest: {signed:?}"
+        );
+        let source = apply(&plane, &pod(namespace, "unsigned", &unsigned));
+        assert!(
+            source.refused.as_deref().is_some_and(|refusal| refusal
+                .contains("admission webhook \"team-verifier.kubewarden.admission\" denied")),
+            "{namespace}: the unsigned source, refused by the verifier as alone: {source:?}"
+        );
+    }
+}

@@ -361,6 +361,34 @@ fn without_signatures_an_unsigned_image_swapped_first_escapes_a_verifier_over_th
     );
 }
 
+/// A rule that matches only the mirror's name (on the target, `<mirror>/*`), pasted into the
+/// swapper as the verifier after it holds it: alone, the verifier admits the source unverified
+/// (its rule does not match the source's name); chained, the swapper swaps only to a copy that
+/// verifies under that rule, so the unsigned image stays at its source and is admitted as alone,
+/// where before it was swapped on an existence lookup and the verifier then refused it.
+#[test]
+fn a_rule_on_the_mirror_name_alone_ends_as_the_verifier_alone() {
+    let world = World::start("sig-mirror-rule", Signer::generate());
+    world.copy_signature();
+    let rules = vec![world.rule(&format!("{}/*", world.mirror.host))];
+    let settings = world.settings_with(&rules);
+    for (tag, digest) in [("unsigned", &world.unsigned), ("signed", &world.signed)] {
+        let image = world.image(tag);
+        let alone = verifier(&rules, &image, &(shared(LiveHost::default()) as SharedHost));
+        assert_eq!(
+            alone,
+            Ok(image.clone()),
+            "alone: the rule does not match the source"
+        );
+        let chained = admit_with(Order::SwapperFirst, &rules, &settings, &image);
+        let expected = match tag {
+            "unsigned" => image.clone(),
+            _ => world.mirror_image(tag, digest),
+        };
+        assert_eq!(chained, Ok(expected), "{tag}");
+    }
+}
+
 const ORDERS: [Order; 2] = [Order::SwapperFirst, Order::VerifierFirst];
 
 /// The publisher deletes the signature of the digest the mirror copied. Without `verifySource`
@@ -767,6 +795,35 @@ fn admit_in(
     Ok(stored)
 }
 
+/// Namespace `team`'s mutating verifier (pinning what it verifies), then the swapper reading
+/// the verifiers from the cluster: what the API server stores, or the first refusal.
+fn admit_after_team_verifier(
+    settings: &Value,
+    cluster: &rig::kubernetes::Cluster,
+    image: &str,
+) -> Admitted {
+    let host = shared(LiveHost {
+        cluster: Some(cluster.clone()),
+        ..LiveHost::default()
+    });
+    let pinned = verifier(
+        &[world_rule_of(cluster)],
+        image,
+        &(host.clone() as SharedHost),
+    )?;
+    let mut request = pod(&pinned);
+    request["namespace"] = json!("team");
+    request["object"]["metadata"]["namespace"] = json!("team");
+    let response = validate(settings, &request, host);
+    if !response.accepted {
+        return Err(response.message.unwrap_or_default());
+    }
+    Ok(response
+        .image("containers", 0)
+        .unwrap_or(&pinned)
+        .to_string())
+}
+
 fn world_rule_of(cluster: &rig::kubernetes::Cluster) -> Value {
     cluster.objects[0]["spec"]["settings"]["signatures"][0].clone()
 }
@@ -849,6 +906,9 @@ enum Placement {
     Before,
     After,
     TeamValidating,
+    /// (with `verifiers`) namespace `team`'s mutating one, whose webhook (1.38's
+    /// `kw.ap.team.…`) the API server calls before the swapper's (`kw.cap.…`).
+    TeamMutatingFirst,
 }
 
 /// Every spelling of a covered image, every placement of the verifier, rules on the sources
@@ -857,7 +917,8 @@ enum Placement {
 /// (`verifiers`): every row ends as the verifier alone ends on the source (the name a Pod can
 /// pull without the swapper), and nothing unsigned ever runs under the mirror's name: with
 /// the verifier before the swapper, rules on the sources and `keep`, the mirror spelling of an
-/// unsigned image is refused, not written back to a source no verifier would see again.
+/// unsigned image is refused, not written back to a source no verifier would see again; the
+/// same with `verifiers` when the team's verifier is mutating and called first.
 #[test]
 fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
     let world = World::start("sig-spellings", Signer::generate());
@@ -878,6 +939,13 @@ fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
             json!({"module": VERIFY_MODULE, "mutating": false,
                 "settings": {"signatures": [rule], "modifyImagesWithDigest": false}}),
         )]);
+        let mutating_cluster = rig::kubernetes::Cluster::with_policies(&[(
+            "AdmissionPolicy",
+            Some("team"),
+            "verify-image-signatures",
+            json!({"module": VERIFY_MODULE, "mutating": true,
+                "settings": {"signatures": [rule]}}),
+        )]);
         for read in ["signatures", "verifiers"] {
             for verify_source in [None, Some(false)] {
                 for on_unverified in ["keep", "reject"] {
@@ -892,7 +960,7 @@ fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
                     settings["onUnverified"] = json!(on_unverified);
                     let placements: &[Placement] = match read {
                         "signatures" => &[Placement::Before, Placement::After],
-                        _ => &[Placement::TeamValidating],
+                        _ => &[Placement::TeamValidating, Placement::TeamMutatingFirst],
                     };
                     for &placement in placements {
                         for (tag, digest) in
@@ -916,6 +984,11 @@ fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
                                     Placement::TeamValidating => {
                                         admit_in("team", &settings, &cluster, &image)
                                     }
+                                    Placement::TeamMutatingFirst => admit_after_team_verifier(
+                                        &settings,
+                                        &mutating_cluster,
+                                        &image,
+                                    ),
                                 };
                                 let row = format!(
                                     "rules on {rules_on}, {read}, verifySource {verify_source:?}, onUnverified {on_unverified}, verifier {placement:?}, {tag} as {spelling:?} ({image}): {with:?}"
@@ -940,7 +1013,7 @@ fn every_spelling_of_a_covered_image_ends_as_the_verifier_alone_ends() {
             }
         }
     }
-    assert_eq!(rows, 2 * (2 * 2 * 2 + 2 * 2) * 2 * 3);
+    assert_eq!(rows, 2 * (2 * 2 * 2 + 2 * 2 * 2) * 2 * 3);
 }
 
 /// Verifiers that cannot be read (a kind not granted in `contextAwareResources`, or no

@@ -57,8 +57,8 @@ pub enum Mode {
         /// A failed copy waits this many seconds, doubled at each failure up to 300.
         #[arg(long, default_value_t = 10)]
         retry: u64,
-        /// How often an image a template names is looked up again, and finished copies
-        /// nothing names are forgotten, in seconds.
+        /// How often an image a template names is looked up again, finished copies nothing
+        /// names are forgotten, and the in-use set is published, in seconds.
         #[arg(long, default_value_t = 600)]
         period: u64,
         /// Do not follow the workload templates (Deployments, StatefulSets, DaemonSets,
@@ -77,7 +77,62 @@ pub enum Mode {
         kubewarden_namespace: String,
         #[command(flatten)]
         election: Election,
+        #[command(flatten)]
+        retention: RetentionArgs,
     },
+    /// Delete from a plain mirror what no cluster's in-use set has named for --keep-for (a dry
+    /// run unless --delete); exit 0 when it ran, 1 when a deletion failed, 2 when it could not
+    /// run, 3 when a stale set blocked every deletion.
+    Prune(Prune),
+}
+
+#[derive(Args)]
+pub struct Prune {
+    /// A mirror to prune: HOST[/PATH], the repositories under PATH (every repository of HOST
+    /// without one). Repeatable; a registry's other repositories are never touched.
+    #[arg(long, required = true)]
+    pub mirror: Vec<String>,
+    /// The repository the clusters publish their in-use sets in, in each mirror registry.
+    #[arg(long, default_value = crate::in_use_set::DEFAULT_REPOSITORY)]
+    pub in_use_repository: String,
+    /// How long a digest stays after a set last named it, or after the prune first saw it
+    /// named by none (30d, 12h, ...).
+    #[arg(long, default_value = "30d", value_parser = crate::retention::parse_duration)]
+    pub keep_for: i64,
+    /// A cluster's set published longer ago than this blocks every deletion (the cluster may
+    /// use what it no longer says).
+    #[arg(long, default_value = "1h", value_parser = crate::retention::parse_duration)]
+    pub stale_after: i64,
+    /// The most manifests one run deletes (oldest first).
+    #[arg(long, default_value_t = 20)]
+    pub max_deletions: usize,
+    /// Delete: without it the run only says what it would delete, and why.
+    #[arg(long)]
+    pub delete: bool,
+    /// The plan as lines a person reads, or as one JSON object.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+    /// Plain HTTP and unverified TLS for every registry.
+    #[arg(long)]
+    pub insecure: bool,
+    #[command(flatten)]
+    pub access: credentials::AccessArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct RetentionArgs {
+    /// This cluster's id in the in-use set it publishes into each mirror registry (the set's
+    /// tag, and part of every anchor tag `inuse-<id>-<hex>`): 1 to 40 of a-z, 0-9 and '-'.
+    /// Without it the in-use set is neither computed nor published: retention is off, and
+    /// neither the prune nor the registries' keep rules know what this cluster uses.
+    #[arg(long)]
+    pub cluster_id: Option<String>,
+    /// The repository under each mirror registry the in-use set is published in.
+    #[arg(long, default_value = crate::in_use_set::DEFAULT_REPOSITORY)]
+    pub in_use_repository: String,
+    /// How long, in days, an image no longer in use stays in the set (and anchored).
+    #[arg(long, default_value_t = 30)]
+    pub keep_for: u64,
 }
 
 #[derive(Args)]

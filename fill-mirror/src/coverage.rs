@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 use serde_json::Value;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Coverage {
     /// None: every namespace (no selector, or settings from a file).
     selector: Option<Selector>,
@@ -94,7 +94,7 @@ impl Coverage {
 
     /// Whether the policy covers `namespace`. Under a selector, a namespace not seen yet is not
     /// covered: its templates are routed again once it is.
-    fn covers(&self, namespace: &str) -> bool {
+    pub fn covers(&self, namespace: &str) -> bool {
         match &self.selector {
             None => true,
             Some(selector) => self

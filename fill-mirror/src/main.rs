@@ -4,26 +4,30 @@
 //!
 //! Modes: `watch` (a Deployment: follows the Pods and the settings), `once` (a CronJob or a
 //! person: one pass, exit 0 when every copy was made or is there or its source is gone, 1 when
-//! one failed, 2 when the run could not run), `list` (prints the copies, copies nothing).
+//! one failed, 2 when the run could not run), `list` (prints the copies, copies nothing),
+//! `prune` (a CronJob: deletes from a plain mirror what no cluster's in-use set names).
 mod attached;
 mod board;
 mod cli;
 mod coverage;
 mod credentials;
 mod digest;
-// The retention's shared record: the watch publishes it, the prune reads it (both being built).
-#[allow(dead_code)]
+mod in_use;
+// The retention's shared record: the watch publishes it, the prune reads it.
 mod in_use_set;
 mod leader;
 mod metrics;
 mod mode_once;
+mod mode_prune;
 mod mode_watch;
 mod platforms;
 mod referrers;
 mod registry_http;
+mod retention;
 mod runner;
 mod skopeo;
 mod source;
+mod templates;
 mod warm;
 mod watch;
 
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
                 copying,
                 election,
             } => mode_once::once(input, copying, election).await,
+            Mode::Prune(args) => mode_prune::prune(args).await,
             Mode::Watch {
                 settings,
                 swap_policy,
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
                 check,
                 kubewarden_namespace,
                 election,
+                retention,
             } => {
                 let timing = Timing {
                     retry: Duration::from_secs(retry.max(1)),
@@ -88,6 +94,7 @@ fn main() -> ExitCode {
                     Follow {
                         templates: !no_templates,
                         reports: (!no_reports).then_some(check),
+                        retention,
                         kubewarden_namespace: Some(kubewarden_namespace)
                             .filter(|namespace| !namespace.is_empty()),
                     },

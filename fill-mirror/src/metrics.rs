@@ -28,6 +28,13 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// One cluster's in-use set in one mirror registry.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SetLabel {
+    pub registry: String,
+    pub cluster: String,
+}
+
 /// The `result` label's values of `fill_mirror_copies_total`.
 pub const RESULTS: [&str; 5] = ["copied", "present", "gone", "failed", "refused"];
 
@@ -44,6 +51,16 @@ pub struct Metrics {
     pub source_throttled: Family<RegistryLabel, Counter>,
     pub last_sync: Gauge<f64, AtomicU64>,
     pub leader: Gauge,
+    /// How long ago each cluster published its in-use set, by mirror registry (read each period).
+    pub in_use_set_age: Family<SetLabel, Gauge<f64, AtomicU64>>,
+    /// Digests the published in-use set names (in use now, or within `--keep-for`), by registry.
+    pub in_use_images: Family<RegistryLabel, Gauge>,
+    /// Anchor tags put on digests in use, by registry.
+    pub in_use_anchors: Family<RegistryLabel, Counter>,
+    /// When the in-use set was last published, by registry (Unix seconds).
+    pub in_use_published: Family<RegistryLabel, Gauge<f64, AtomicU64>>,
+    /// Periods whose in-use set could not be published, by registry.
+    pub in_use_publish_failures: Family<RegistryLabel, Counter>,
     registry: Registry,
 }
 
@@ -58,6 +75,11 @@ impl Default for Metrics {
             source_throttled: Family::default(),
             last_sync: Gauge::default(),
             leader: Gauge::default(),
+            in_use_set_age: Family::default(),
+            in_use_images: Family::default(),
+            in_use_anchors: Family::default(),
+            in_use_published: Family::default(),
+            in_use_publish_failures: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut metrics.registry;
@@ -100,6 +122,31 @@ impl Default for Metrics {
             "fill_mirror_leader",
             "1 when this replica copies and marks",
             metrics.leader.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_set_age_seconds",
+            "How long ago each cluster published its in-use set in a mirror registry",
+            metrics.in_use_set_age.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_images",
+            "Digests the published in-use set names (in use now or within --keep-for), by registry",
+            metrics.in_use_images.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_anchors_written",
+            "Anchor tags (inuse-<cluster>-<hex>) put on digests in use, by registry",
+            metrics.in_use_anchors.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_published_timestamp_seconds",
+            "When the in-use set was last published, by registry (Unix seconds)",
+            metrics.in_use_published.clone(),
+        );
+        r.register(
+            "fill_mirror_in_use_publish_failures",
+            "Periods whose in-use set could not be published, by registry",
+            metrics.in_use_publish_failures.clone(),
         );
         // Every result exported from the start, at 0: a counter that appears at 1 shows no
         // increase() to Prometheus, so the alerts on a first failure or a first gone source
@@ -228,12 +275,23 @@ mod tests {
                 registry: "m.io".into(),
             })
             .set(3);
+        let mirror = RegistryLabel {
+            registry: "m.io".into(),
+        };
+        metrics.in_use_images.get_or_create(&mirror).set(7);
+        metrics.in_use_anchors.get_or_create(&mirror).inc();
+        metrics.in_use_published.get_or_create(&mirror).set(1.5);
+        metrics.in_use_publish_failures.get_or_create(&mirror).inc();
         let text = metrics.encode();
         for line in [
             "fill_mirror_copies_total{result=\"copied\"} 1",
             "fill_mirror_copies_total{result=\"gone\"} 0",
             "fill_mirror_copies_total{result=\"failed\"} 0",
             "fill_mirror_missing_images{registry=\"m.io\"} 3",
+            "fill_mirror_in_use_images{registry=\"m.io\"} 7",
+            "fill_mirror_in_use_anchors_written_total{registry=\"m.io\"} 1",
+            "fill_mirror_in_use_published_timestamp_seconds{registry=\"m.io\"} 1.5",
+            "fill_mirror_in_use_publish_failures_total{registry=\"m.io\"} 1",
             "fill_mirror_queue_depth 0",
             "fill_mirror_leader 0",
             "# TYPE fill_mirror_copy_duration_seconds histogram",

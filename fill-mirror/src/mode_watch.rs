@@ -7,11 +7,14 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::board::{Backoff, Board};
-use crate::cli::{Check, Copying, Election};
+use crate::cli::{Check, Copying, Election, RetentionArgs};
+use crate::in_use::{self, Retention, Stores};
 use crate::metrics::{self, Health, Metrics};
 use crate::platforms::Nodes;
+use crate::registry_http::RegistryHttp;
+use crate::retention::ages::SetAges;
 use crate::runner::{Runner, Totals};
-use crate::{leader, source, watch};
+use crate::{in_use_set, leader, source, watch};
 
 /// What the watch follows besides the recorded Pods and the settings.
 pub struct Follow {
@@ -19,6 +22,8 @@ pub struct Follow {
     pub templates: bool,
     /// The check role's reports, each period: its policy.
     pub reports: Option<Check>,
+    /// The in-use set: computed and published each period with `--cluster-id`.
+    pub retention: RetentionArgs,
     /// Kubewarden's own namespace, which no policy sees (none: every namespace may be seen).
     pub kubewarden_namespace: Option<String>,
 }
@@ -38,6 +43,7 @@ pub async fn watch(
     follow: Follow,
     election: Election,
 ) -> anyhow::Result<u8> {
+    let retention = retention_of(follow.retention, timing.period)?;
     let client = source::client().await?;
     let fixed = settings
         .as_deref()
@@ -77,6 +83,27 @@ pub async fn watch(
         true,
     )));
     let wake = Arc::new(Notify::new());
+    let engine = copying.engine().await?;
+    // Every cluster's set is read from the repository this one publishes to (`--in-use-repository`).
+    let set_ages = Arc::new(SetAges {
+        http: RegistryHttp::new(engine.access.clone())?,
+        repository: retention.as_ref().map_or_else(
+            || in_use_set::DEFAULT_REPOSITORY.to_string(),
+            |retention| retention.repository.clone(),
+        ),
+        metrics: metrics.clone(),
+        exported: Default::default(),
+    });
+    // The in-use set's stores (the template watches fill the workload kinds') and the
+    // policy's scope as the watch reads it.
+    let (scope_tx, scope_rx) = tokio::sync::watch::channel(None);
+    let (stores, writers) = match &retention {
+        Some(_) => {
+            let (stores, writers, pods) = Stores::new();
+            (Some((stores, pods)), Some(writers))
+        }
+        None => (None, None),
+    };
     let server = tokio::spawn(metrics::serve(listener, metrics.clone(), health.clone()));
     let watcher = watch::Watch {
         client: client.clone(),
@@ -91,10 +118,23 @@ pub async fn watch(
             .reports
             .map(|check| source::check_policy_ids(&check.check_policy)),
         period: timing.period,
+        set_ages: Some(set_ages),
+        in_use: writers.map(|writers| (writers, scope_tx)),
         kubewarden_namespace: follow.kubewarden_namespace,
     };
     let watching = tokio::spawn(watcher.run());
-    let engine = copying.engine().await?;
+    let publishing = match (retention, stores) {
+        (Some(retention), Some(stores)) => tokio::spawn(in_use::publish_every_period(
+            retention,
+            RegistryHttp::new(engine.access.clone())?,
+            client.clone(),
+            stores,
+            scope_rx,
+            leading.clone(),
+            metrics.clone(),
+        )),
+        _ => tokio::spawn(futures::future::pending()),
+    };
     // What a warming pulls out of an image index: the platforms of the nodes, as they join
     // and leave.
     let (referrers, warmer) = copying.registry_clients(&engine, Nodes::watch(client.clone()))?;
@@ -122,6 +162,7 @@ pub async fn watch(
     tokio::select! {
         () = runner.run(stop) => {}
         _ = watching => anyhow::bail!("the watch ended"),
+        _ = publishing => anyhow::bail!("the in-use set's publishing ended"),
         served = server => anyhow::bail!("the metrics server ended: {served:?}"),
     }
     // The copies under way have stopped (the runner waited for its jobs, skopeo killed with
@@ -133,6 +174,27 @@ pub async fn watch(
         elector.release().await;
     }
     Ok(0)
+}
+
+/// The retention's part of the watch, when `--cluster-id` turns it on.
+fn retention_of(args: RetentionArgs, period: Duration) -> anyhow::Result<Option<Retention>> {
+    let Some(cluster) = args.cluster_id else {
+        tracing::info!("no --cluster-id: the in-use set is not published (retention off)");
+        return Ok(None);
+    };
+    crate::in_use_set::check_cluster_id(&cluster).map_err(anyhow::Error::msg)?;
+    if args.in_use_repository.is_empty() || args.in_use_repository.starts_with('/') {
+        anyhow::bail!(
+            "--in-use-repository {:?}: a repository path under the registry",
+            args.in_use_repository
+        );
+    }
+    Ok(Some(Retention {
+        cluster,
+        repository: args.in_use_repository,
+        keep_for: Duration::from_secs(args.keep_for.saturating_mul(86_400)),
+        period,
+    }))
 }
 
 async fn terminated() {

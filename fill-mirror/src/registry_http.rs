@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -25,7 +25,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct RegistryHttp {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// Which hosts are asked over plain HTTP (`--insecure`, sources.yaml's `insecure_sources`,
     /// as skopeo's `--tls-verify=false` falls back to it), and the logins.
     access: Arc<Access>,
@@ -101,16 +101,40 @@ impl RegistryHttp {
         accept: &str,
         authorization: Option<&str>,
     ) -> Result<http::Response<Incoming>, String> {
-        let mut request = http::Request::get(url).header(http::header::ACCEPT, accept);
+        let headers = [(http::header::ACCEPT, accept)];
+        self.request(
+            http::Method::GET,
+            url,
+            &headers,
+            Bytes::new(),
+            authorization,
+        )
+        .await
+    }
+
+    /// Any request, with `body` (empty for a HEAD, a GET or a DELETE): the prune's deletions
+    /// and its ledger's upload (`retention/`) go through the one client the reads use.
+    pub async fn request(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: &[(http::HeaderName, &str)],
+        body: Bytes,
+        authorization: Option<&str>,
+    ) -> Result<http::Response<Incoming>, String> {
+        let mut request = http::Request::builder().method(method.clone()).uri(url);
+        for (name, value) in headers {
+            request = request.header(name, *value);
+        }
         if let Some(authorization) = authorization {
             request = request.header(http::header::AUTHORIZATION, authorization);
         }
         let request = request
-            .body(Empty::new())
-            .map_err(|error| format!("GET {url}: {error}"))?;
+            .body(Full::new(body))
+            .map_err(|error| format!("{method} {url}: {error}"))?;
         match tokio::time::timeout(TIMEOUT, self.client.request(request)).await {
-            Err(_) => Err(format!("GET {url}: no answer within {TIMEOUT:?}")),
-            Ok(Err(error)) => Err(format!("GET {url}: {error}")),
+            Err(_) => Err(format!("{method} {url}: no answer within {TIMEOUT:?}")),
+            Ok(Err(error)) => Err(format!("{method} {url}: {error}")),
             Ok(Ok(response)) => Ok(response),
         }
     }

@@ -4,37 +4,36 @@
 //! the settings in force; a change of the settings reads every record again at once. It follows
 //! the workload templates of the namespaces the policy covers (`coverage.rs`, with a watch of the
 //! namespaces' labels). Each period it also reads the check role's reports and fills what their
-//! findings name.
+//! findings name. With retention on, its template watches also fill the in-use set's stores.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::fmt::Debug;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use image_swapper_policy::plan::{copy_for, pod_key, read_record};
 use image_swapper_policy::policy::Policy;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::Resource;
 use kube::api::DynamicObject;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::board::Board;
 use crate::coverage::Coverage;
+use crate::in_use::{Scope, ScopeSender, Writers};
 use crate::metrics::{Health, Metrics};
+use crate::retention::ages::{SetAges, pushed_hosts};
 use crate::runner::lock;
 use crate::source::{
     created, policy_from_document, policy_resource, record_selector, report_copies,
     reports_from_cluster,
 };
+use crate::templates::{TemplateEvent, namespace_of, templates_of};
 
 pub struct Watch {
     pub client: Client,
@@ -51,6 +50,11 @@ pub struct Watch {
     pub check_policy_ids: Option<Vec<String>>,
     /// How often the reports are read.
     pub period: std::time::Duration,
+    /// Each period, the clusters' in-use sets' ages read from the mirror (the stale-set alert).
+    pub set_ages: Option<Arc<SetAges>>,
+    /// With retention on: the in-use set's stores of the workload kinds, filled by the
+    /// template watches, and where the policy's scope is sent as it changes.
+    pub in_use: Option<(Writers, ScopeSender)>,
     /// Kubewarden's own namespace, which no policy sees: nothing there is filled.
     pub kubewarden_namespace: Option<String>,
 }
@@ -59,80 +63,9 @@ pub struct Watch {
 /// (there is no Pod record to mark), and replaced at each reading.
 pub const REPORTS: &str = "Reports/check-role";
 
-/// What a workload template watch says: its images, keyed `Kind/namespace/name`.
-enum TemplateEvent {
-    Init(&'static str),
-    /// Its images, and its Pods' labels (what the policy's `objectSelector` sees).
-    Apply(String, Vec<String>, Value),
-    Delete(String),
-    InitDone(&'static str),
-}
-
 /// The namespace of a Pod's key (`namespace/name`).
 fn pod_namespace(key: &str) -> &str {
     key.split('/').next().unwrap_or_default()
-}
-
-/// The namespace of a template's key, `Kind/namespace/name`.
-fn namespace_of(key: &str) -> Option<&str> {
-    key.split('/').nth(1)
-}
-
-/// The images of a Pod template's containers and init containers.
-fn template_images(object: &Value, spec: &str) -> Vec<String> {
-    let Some(spec) = object.pointer(spec) else {
-        return Vec::new();
-    };
-    ["containers", "initContainers"]
-        .iter()
-        .filter_map(|list| spec.get(list)?.as_array())
-        .flatten()
-        .filter_map(|container| Some(container.get("image")?.as_str()?.to_string()))
-        .collect()
-}
-
-/// The watch of one workload kind, as template events; `spec` is where its Pod spec lies.
-fn templates_of<K>(
-    client: &Client,
-    kind: &'static str,
-    spec: &'static str,
-) -> BoxStream<'static, TemplateEvent>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + serde::Serialize
-        + 'static,
-{
-    watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |event| async move {
-            let keyed = |object: &K| {
-                let value = serde_json::to_value(object).unwrap_or_default();
-                (format!("{kind}/{}", pod_key(&value)), value)
-            };
-            match event {
-                Ok(Event::Init) => Some(TemplateEvent::Init(kind)),
-                Ok(Event::InitDone) => Some(TemplateEvent::InitDone(kind)),
-                Ok(Event::Apply(object) | Event::InitApply(object)) => {
-                    let (key, value) = keyed(&object);
-                    let labels = spec
-                        .strip_suffix("/spec")
-                        .and_then(|template| value.pointer(&format!("{template}/metadata/labels")));
-                    let labels = labels.cloned().unwrap_or_default();
-                    Some(TemplateEvent::Apply(key, template_images(&value, spec), labels))
-                }
-                Ok(Event::Delete(object)) => Some(TemplateEvent::Delete(keyed(&object).0)),
-                Err(error) => {
-                    tracing::warn!(%kind, %error, "the watch of the workload templates failed; it resumes, or lists again");
-                    None
-                }
-            }
-        })
-        .boxed()
 }
 
 struct Known {
@@ -153,7 +86,7 @@ struct Known {
 }
 
 impl Watch {
-    pub async fn run(self) {
+    pub async fn run(mut self) {
         let pods = watcher::watcher(
             Api::<Pod>::all(self.client.clone()),
             watcher::Config::default().labels(&record_selector()),
@@ -186,15 +119,19 @@ impl Watch {
         )
         .default_backoff()
         .boxed();
-        let mut templates = if self.templates {
-            let c = &self.client;
+        let (mut w, scope) =
+            (self.in_use.take()).map_or((Writers::default(), None), |(w, s)| (w, Some(s)));
+        // The in-use set needs the workload kinds whether or not their templates are filled.
+        let mut templates = if self.templates || w.wanted() {
+            let (c, spec) = (&self.client, "/spec/template/spec");
+            let cron_spec = "/spec/jobTemplate/spec/template/spec";
             futures::stream::select_all([
-                templates_of::<Deployment>(c, "Deployment", "/spec/template/spec"),
-                templates_of::<StatefulSet>(c, "StatefulSet", "/spec/template/spec"),
-                templates_of::<DaemonSet>(c, "DaemonSet", "/spec/template/spec"),
-                templates_of::<ReplicaSet>(c, "ReplicaSet", "/spec/template/spec"),
-                templates_of::<Job>(c, "Job", "/spec/template/spec"),
-                templates_of::<CronJob>(c, "CronJob", "/spec/jobTemplate/spec/template/spec"),
+                templates_of::<Deployment>(c, "Deployment", spec, w.deployments.take()),
+                templates_of::<StatefulSet>(c, "StatefulSet", spec, w.stateful_sets.take()),
+                templates_of::<DaemonSet>(c, "DaemonSet", spec, w.daemon_sets.take()),
+                templates_of::<ReplicaSet>(c, "ReplicaSet", spec, w.replica_sets.take()),
+                templates_of::<Job>(c, "Job", spec, w.jobs.take()),
+                templates_of::<CronJob>(c, "CronJob", cron_spec, w.cron_jobs.take()),
             ])
             .boxed()
         } else {
@@ -204,10 +141,19 @@ impl Watch {
         // The first tick is at once: the reports are read as soon as the settings are in.
         let mut reports_due = tokio::time::interval(self.period);
         reports_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ages_due = tokio::time::interval(self.period);
+        ages_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Scope::share(scope.as_ref(), known.policy.as_ref(), &known.coverage);
         loop {
             tokio::select! {
                 _ = reports_due.tick(), if self.check_policy_ids.is_some() && known.policy.is_some() => {
                     self.read_reports(&mut known).await;
+                }
+                _ = ages_due.tick(), if self.set_ages.is_some() && known.policy.is_some() => {
+                    if let (Some(ages), Some(policy)) = (self.set_ages.clone(), &known.policy) {
+                        let hosts = pushed_hosts(policy);
+                        tokio::spawn(async move { ages.export(&hosts).await });
+                    }
                 }
                 Some(event) = pods.next() => match event {
                     Ok(event) => {
@@ -218,11 +164,17 @@ impl Watch {
                 },
                 Some(event) = templates.next() => self.template_event(&mut known, event),
                 Some(event) = namespaces.next() => match event {
-                    Ok(event) => self.namespace_event(&mut known, event),
+                    Ok(event) => {
+                        self.namespace_event(&mut known, event);
+                        Scope::share(scope.as_ref(), known.policy.as_ref(), &known.coverage);
+                    }
                     Err(error) => tracing::warn!(%error, "the watch of the namespaces failed; it resumes, or lists again"),
                 },
                 Some(event) = policies.next() => match event {
-                    Ok(event) => self.policy_event(&mut known, event),
+                    Ok(event) => {
+                        self.policy_event(&mut known, event);
+                        Scope::share(scope.as_ref(), known.policy.as_ref(), &known.coverage);
+                    }
                     Err(error) => tracing::warn!(%error, "the watch of the swapping policy failed; it resumes, or lists again"),
                 },
             }
@@ -294,6 +246,10 @@ impl Watch {
     }
 
     fn template_event(&self, known: &mut Known, event: TemplateEvent) {
+        // Watched for the in-use set only (`--no-templates`): nothing to fill.
+        if !self.templates {
+            return;
+        }
         match event {
             TemplateEvent::Init(kind) => {
                 known.templates_listing.insert(kind, BTreeSet::new());

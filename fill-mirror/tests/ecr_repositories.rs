@@ -7,6 +7,10 @@
 
 mod rig;
 
+#[allow(dead_code)] // the record's reading half is the prune's
+#[path = "../src/in_use_set.rs"]
+mod in_use_set;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -215,23 +219,64 @@ fn a_re_signed_image_s_signature_follows_unless_every_tag_is_immutable(
         );
         assert_eq!(held, Some(first), "{printed}");
     }
-    assert_eq!(ecr.storage.digest_of(repository, "1"), Some(digest));
-    // The image tag moved by hand: ECR's answer, whatever the exclusions.
-    let moved = ureq::put(&format!(
-        "http://{}/v2/{repository}/manifests/1",
-        ecr.front.host
-    ))
-    .set(
-        "Authorization",
-        &basic_auth("AWS", &EcrRegistry::password()),
-    )
-    .set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
-    .send_bytes(&Artifact::new("another image").manifest);
-    match moved {
-        Err(ureq::Error::Status(400, answer)) => {
-            let body = answer.into_string().unwrap_or_default();
-            assert!(body.contains("\"code\":\"TAG_INVALID\""), "{body}");
+    assert_eq!(ecr.storage.digest_of(repository, "1"), Some(digest.clone()));
+    // A manifest PUT through the front: its status and, refused, the body.
+    let put = |tag: &str, media_type: &str, bytes: &[u8]| -> (u16, String) {
+        let answer = ureq::put(&format!(
+            "http://{}/v2/{repository}/manifests/{tag}",
+            ecr.front.host
+        ))
+        .set(
+            "Authorization",
+            &basic_auth("AWS", &EcrRegistry::password()),
+        )
+        .set("Content-Type", media_type)
+        .send_bytes(bytes);
+        match answer {
+            Ok(answer) => (answer.status(), String::new()),
+            Err(ureq::Error::Status(code, answer)) => {
+                (code, answer.into_string().unwrap_or_default())
+            }
+            Err(error) => (0, error.to_string()),
         }
-        other => panic!("moving the image tag: {other:?}"),
+    };
+    let refused = |what: &str, (code, body): (u16, String)| {
+        assert!(
+            code == 400 && body.contains("\"code\":\"TAG_INVALID\""),
+            "{what}: {code} {body}"
+        );
+    };
+    let another = Artifact::new("another image").manifest;
+    // The image tag moved by hand: ECR's answer, whatever the exclusions.
+    refused(
+        "moving the image tag",
+        put("1", "application/vnd.oci.image.manifest.v1+json", &another),
+    );
+    // The watch's anchor (`inuse-<cluster>-<hex>`: the same manifest under a tag naming its own
+    // digest) is put, and put again each period, under either mutability, needing no exclusion
+    // filter; moved to another manifest it is refused as any immutable tag.
+    let anchor = in_use_set::anchor_tag("prod", &digest).expect("a sha256 digest");
+    let held = ureq::get(&format!(
+        "http://{}/v2/{repository}/manifests/{digest}",
+        ecr.storage.host
+    ))
+    .set("Accept", "application/vnd.oci.image.manifest.v1+json")
+    .call()
+    .expect("the copied manifest");
+    let media_type = held.content_type().to_string();
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut held.into_reader(), &mut bytes).expect("manifest bytes");
+    for period in ["first", "next"] {
+        let (code, body) = put(&anchor, &media_type, &bytes);
+        assert_eq!(code, 201, "the {period} anchor PUT: {body}");
     }
+    assert_eq!(ecr.storage.digest_of(repository, &anchor), Some(digest));
+    refused(
+        "moving the anchor",
+        put(
+            &anchor,
+            "application/vnd.oci.image.manifest.v1+json",
+            &another,
+        ),
+    );
 }

@@ -4,13 +4,16 @@
 //! the source's signature beside it. A second full verification does not fit the budget; the
 //! cosign signature tag (`sha256-<hex>.sig`, sigstore-rs `triangulate`) of the digest that
 //! verified is compared instead, one lookup at each side: the same manifest there is the same
-//! signature.
+//! signature. And a copy whose mirror name alone a rule matches (the source's name it does not)
+//! is verified there before an existence-lookup swap (`verified_at_mirror_name`).
 
+use crate::policy::Policy;
 use crate::registry::{LookupError, Registry};
+use crate::signatures::verifications_for;
 use crate::text::quote;
 
 use super::failure::Failure;
-use super::{joined, verified_digest};
+use super::{joined, mirror_digest, verified_digest};
 
 /// `sha256:<hex>` -> `sha256-<hex>.sig`.
 pub(super) fn signature_tag(digest: &str) -> String {
@@ -75,6 +78,42 @@ pub(super) fn signature_copied(
     }
 }
 
+/// A rule that does not match the image as the Pod writes it may match its mirror name (`*/*`
+/// beside the short name `nginx:1.27`): a verifier after this policy with that rule verifies the
+/// copy, where alone it would have admitted the source unverified. So the copy is swapped to only
+/// when it verifies there at the digest swapped to; otherwise the source is kept, as that
+/// verifier alone would see it.
+pub(super) fn verified_at_mirror_name(
+    swapped: &str,
+    policy: &Policy,
+    registry: &mut impl Registry,
+) -> Result<(), (String, Failure)> {
+    let verifications = verifications_for(&policy.signatures, swapped);
+    if verifications.is_empty() {
+        return Ok(());
+    }
+    let pinned = swapped.rsplit_once('@').map(|(_, digest)| digest);
+    match mirror_digest(registry, swapped, &verifications) {
+        Ok(answer) if pinned.is_none_or(|pinned| pinned == answer) => Ok(()),
+        Ok(answer) => Err((
+            swapped.to_string(),
+            Failure::LookupError(format!(
+                "could not verify it at its mirror name, which a rule of signatures matches: the verification answered digest {answer} for it"
+            )),
+        )),
+        Err(LookupError::Unverified(why)) => Err((
+            swapped.to_string(),
+            Failure::unverified(
+                format!(
+                    "a rule of signatures matches its mirror name, where it does not verify: {why}"
+                ),
+                pinned.map(str::to_string),
+            ),
+        )),
+        Err(error) => Err((swapped.to_string(), error.into())),
+    }
+}
+
 fn describe(error: &LookupError) -> String {
     match error {
         LookupError::Absent(why) | LookupError::Failed(why) | LookupError::Unverified(why) => {
@@ -93,6 +132,47 @@ mod tests {
 
     const SOURCE_SIG: &str = "docker.io/library/nginx:sha256-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.sig";
     const MIRROR_SIG: &str = "m.io/hub/library/nginx:sha256-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.sig";
+
+    /// A rule that matches only the mirror's name (`*/*` beside the short name `nginx:1.27`):
+    /// alone, a verifier with it admits the short name unverified; after the swapper it
+    /// verifies the copy. So the copy is swapped to only when it verifies at the digest swapped
+    /// to, and otherwise the source is kept, as that verifier alone would have it.
+    #[rstest]
+    #[case::the_copy_verifies(Ok(DIGEST_A.to_string()), true)]
+    #[case::the_copy_is_unsigned(Err(LookupError::Unverified("no signatures found".to_string())), false)]
+    fn a_rule_on_the_mirror_name_alone_is_verified_at_the_copy_before_the_swap(
+        #[case] at_mirror: Result<String, LookupError>,
+        #[case] swapped: bool,
+    ) {
+        let policy = policy_from(
+            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],"verifySource":false,
+            "signatures":[{"image":"*/*","pubKeys":["-----BEGIN PUBLIC KEY-----\nK\n-----END PUBLIC KEY-----"]}]}"#,
+        );
+        let copy = format!("m.io/hub/library/nginx:1.27@{DIGEST_A}");
+        let mut registry =
+            FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
+        registry.verifications.insert(copy.clone(), at_mirror);
+        let decision = decide("nginx:1.27", &policy, &mut registry);
+        match (swapped, &decision) {
+            (true, Decision::Swap { image, .. }) => assert_eq!(*image, copy),
+            (false, Decision::Keep(note)) => {
+                assert_eq!(note.reason, Reason::Unverified, "{}", note.text);
+                assert!(
+                    note.text.contains("matches its mirror name"),
+                    "{}",
+                    note.text
+                );
+            }
+            _ => panic!("{swapped}: {decision:?}"),
+        }
+        assert_eq!(
+            registry.asked,
+            [
+                "m.io/hub/library/nginx:1.27".to_string(),
+                format!("verify {copy}")
+            ]
+        );
+    }
 
     /// Rules on `*` (so on the mirror's name too), verified at the source at B, the mirror
     /// holding B: swapped only when the mirror's signature tag of B is the source's.

@@ -11,7 +11,7 @@ use crate::rules::{Destination, MirrorRepository};
 use crate::text::quote;
 
 use super::failure::{Failure, earlier_failures, fallback};
-use super::mirror_signature::signature_copied;
+use super::mirror_signature::{signature_copied, verified_at_mirror_name};
 use super::verify_source::{SourceCheck, check_source};
 use super::{Decision, Note, PullSecrets, Reason, joined, mirror_digest};
 use crate::signatures::{Verification, covers, verifications_for};
@@ -111,7 +111,13 @@ pub(super) fn decide_verified(
                         Ok((swapped, note))
                     },
                 ),
-                None => try_mirror(image, reference, target, policy, verifications, registry),
+                None => try_mirror(image, reference, target, policy, verifications, registry)
+                    .and_then(|(swapped, note)| {
+                        if verifications.is_empty() {
+                            verified_at_mirror_name(&swapped, policy, registry)?;
+                        }
+                        Ok((swapped, note))
+                    }),
             },
         };
         match attempt {

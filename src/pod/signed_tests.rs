@@ -208,6 +208,20 @@ fn a_module_pattern_that_matches_no_policy_is_said() {
         audit["globs"],
         json!(["registry://ghcr.io/kubewarden/policies/verify-image-signatures@*"])
     );
+    // The verifier the pattern missed is named too: its rules are not applied here.
+    assert!(
+        outcome.warnings.iter().any(|w| w.starts_with(
+            "verifiers: ClusterAdmissionPolicy verify (registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11) has verify-image-signatures' signatures in its settings, but no module pattern of verifiers matches its module"
+        )),
+        "{:?}",
+        outcome.warnings
+    );
+    assert_eq!(
+        audit["leftOut"],
+        json!([
+            "ClusterAdmissionPolicy verify (registry://ghcr.io/kubewarden/policies/verify-image-signatures:v1.0.11)"
+        ])
+    );
 }
 
 /// One verifier, as [`OneVerifier`], read by a PolicyServer whose ServiceAccount lacks `verb`.

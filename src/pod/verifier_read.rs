@@ -12,13 +12,14 @@ use super::report::capped;
 /// The policy for one admission with the rules of the cluster's verifiers beside its own
 /// `signatures`; when they cannot be read, or the PolicyServer's ServiceAccount (when named) may
 /// not list and watch them, marked so that nothing is swapped unverified. With
-/// it, when a `module` pattern matched no policy: the warning and the audit annotation that
-/// say so, naming the patterns and the policies read.
+/// it, when a `module` pattern matched no policy or a policy with a verifier's settings matched
+/// no pattern: the warnings and the audit annotation that say so, naming the patterns and the
+/// policies read.
 pub(super) fn with_verifier_rules(
     policy: &Policy,
     namespace: &str,
     cluster: &mut impl Cluster,
-) -> (Policy, Option<(String, String)>) {
+) -> (Policy, Option<(Vec<String>, String)>) {
     let mut policy = policy.clone();
     let mut unmatched = None;
     // Asked first: a list the PolicyServer may not make never returns, and one it may not
@@ -29,19 +30,34 @@ pub(super) fn with_verifier_rules(
     };
     match may_list.and_then(|()| verifier_rules(&policy.verifiers, namespace, cluster)) {
         Ok(read) => {
+            let mut said = Vec::new();
             if !read.unmatched.is_empty() {
                 let globs: Vec<String> = read.unmatched.iter().map(|g| format!("{g:?}")).collect();
                 let policies = match read.read.len() {
                     0 => "none".to_string(),
                     _ => capped(read.read.clone(), "policies").join(", "),
                 };
-                let warning = format!(
+                said.push(format!(
                     "verifiers: the module pattern{} {} matched no policy read (read: {policies}); images are verified only under the verifiers found, so a verifier loaded from another module name is not applied here: correct the pattern, or omit module to find verifiers by their settings",
                     if globs.len() == 1 { "" } else { "s" },
                     globs.join(", ")
-                );
-                let audit = serde_json::json!({"globs": read.unmatched, "read": read.read});
-                unmatched = Some((warning, audit.to_string()));
+                ));
+            }
+            if !read.left_out.is_empty() {
+                let one = read.left_out.len() == 1;
+                said.push(format!(
+                    "verifiers: {} {} verify-image-signatures' signatures in {} settings, but no module pattern of verifiers matches {} module, so {} rules are not applied here: add a pattern for that module, or omit module to find verifiers by their settings",
+                    capped(read.left_out.clone(), "policies").join(", "),
+                    if one { "has" } else { "have" },
+                    if one { "its" } else { "their" },
+                    if one { "its" } else { "their" },
+                    if one { "its" } else { "their" },
+                ));
+            }
+            if !said.is_empty() {
+                let audit = serde_json::json!({"globs": read.unmatched, "leftOut": read.left_out,
+                    "read": read.read});
+                unmatched = Some((said, audit.to_string()));
             }
             policy.signatures.extend(read.rules);
         }
@@ -50,17 +66,19 @@ pub(super) fn with_verifier_rules(
     (policy, unmatched)
 }
 
-/// Adds the warning and audit annotation of `module` patterns that matched no policy.
+/// Adds the warnings and audit annotation of `module` patterns that matched no policy, and of
+/// verifiers no pattern matched.
 pub(super) fn tell_unmatched(
     warnings: &mut Vec<String>,
     audit: &mut BTreeMap<String, String>,
-    unmatched: Option<(String, String)>,
+    unmatched: Option<(Vec<String>, String)>,
 ) {
-    if let Some((warning, annotation)) = unmatched {
-        warnings.push(warning);
+    if let Some((said, annotation)) = unmatched {
+        warnings.extend(said);
         audit.insert(VERIFIERS_UNMATCHED.to_string(), annotation);
     }
 }
 
-/// The audit annotation naming the `module` patterns of `verifiers` that matched no policy.
+/// The audit annotation naming the `module` patterns of `verifiers` that matched no policy
+/// (`globs`), and the verifiers no pattern matched (`leftOut`).
 pub const VERIFIERS_UNMATCHED: &str = "verifiers-unmatched";

@@ -236,6 +236,10 @@ pub struct VerifierRead {
     pub unmatched: Vec<String>,
     /// Every policy (or group member) read, with its module: what the patterns were tried on.
     pub read: Vec<String>,
+    /// The policies (as in `read`) whose settings have verify-image-signatures' `signatures`
+    /// but whose module no pattern matched: a team's verifier loaded under another module name,
+    /// whose rules are not applied.
+    pub left_out: Vec<String>,
 }
 
 /// The rules of `signatures` of every verifier policy: those whose module a pattern of
@@ -328,8 +332,12 @@ fn member_rules(
         *matched |= matches;
         verifier |= matches;
     }
-    if let (true, Some(signatures)) = (verifier, signatures) {
-        read.rules.extend(verifier_rules_from(signatures, at));
+    match signatures {
+        Some(signatures) if verifier => read.rules.extend(verifier_rules_from(signatures, at)),
+        Some(signatures) if has_verifier_shape(signatures) => {
+            read.left_out.push(format!("{at} ({module})"));
+        }
+        _ => {}
     }
 }
 
@@ -507,6 +515,45 @@ mod tests {
                 "AdmissionPolicyGroup team"
             ]
         );
+    }
+
+    /// A team's verifier loaded under another module name (a fork, a copy in the company's
+    /// registry) beside the cluster-wide verifier the pattern matches: its rules are not
+    /// applied, and the read names it so the admission can say so.
+    #[test]
+    fn a_verifier_no_pattern_matches_is_named_as_left_out() {
+        let mut cluster = Table::default();
+        cluster.lists.insert(
+            "ClusterAdmissionPolicy",
+            Ok(
+                json!({"items": [verifier("verify", VERIFY, "ghcr.io/org/*"),
+                {"metadata": {"name": "psa"}, "spec": {"module": "registry://x/psa:v1",
+                    "settings": {"signatures": "none"}}}]}),
+            ),
+        );
+        cluster.lists.insert(
+            "AdmissionPolicy",
+            Ok(json!({"items": [verifier("team-verify",
+                "registry://registry.example.com/forks/verify-images:v2", "registry.example.com/*")]})),
+        );
+        let read = verifier_rules(
+            &patterns(&["*/verify-image-signatures:*"]),
+            "team",
+            &mut cluster,
+        )
+        .expect("read");
+        assert_eq!(read.rules.len(), 1, "{:?}", read.rules);
+        assert_eq!(
+            read.left_out,
+            [
+                "AdmissionPolicy team/team-verify (registry://registry.example.com/forks/verify-images:v2)"
+            ]
+        );
+        assert!(read.unmatched.is_empty());
+        // Found by its settings when an entry has no module: nothing left out.
+        let read = verifier_rules(&[None], "team", &mut cluster).expect("read");
+        assert_eq!(read.rules.len(), 2);
+        assert!(read.left_out.is_empty(), "{:?}", read.left_out);
     }
 
     #[test]

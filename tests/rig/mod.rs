@@ -13,6 +13,7 @@ pub mod hosts;
 pub mod images;
 pub mod install;
 pub mod kubernetes;
+pub mod lifecycle;
 pub mod netns;
 pub mod node;
 pub mod proxy;

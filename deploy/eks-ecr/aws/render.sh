@@ -6,7 +6,8 @@
 # `sourceHosts=` (the source registries it holds, comma-separated); and the cluster's OIDC
 # provider id for the IRSA trust policies (the last part of `aws eks describe-cluster --query
 # cluster.identity.oidc.issuer`). Writes into OUT (default: this folder) the two roles' trust
-# policies and, for deploy/eks-ecr, fill-job.json and policy-server-reader.json; for a
+# policies and, for deploy/eks-ecr, fill-job.json, policy-server-reader.json and prune-job.json
+# (the prune's: the one identity that may delete, an anchor tag, docs/retention.md); for a
 # pull-through overlay (a rule marked pullThrough), pull-through-cache.json, both roles' policy.
 # The files beside this script are its output for the overlays' example values (tests/docs.rs
 # holds them to it). Needs bash and jq.
@@ -71,3 +72,16 @@ render "{Version: \"2012-10-17\", Statement: [{Sid: \"PushLogin\", Effect: \"All
     Action: [\"ecr:GetLifecyclePolicy\", \"ecr:PutLifecyclePolicy\"], Resource: $repositories},
   {Sid: \"ListTheRepositories\", Effect: \"Allow\", Action: \"ecr:DescribeRepositories\",
     Resource: \"arn:aws:ecr:\(\$region):\(\$account):repository/*\"}]}" fill-job.json
+# The prune: every cluster's in-use set read from the in-use repository, where it keeps its
+# ledger (a push); the mirror's images listed and their manifests read; a stale anchor tag removed
+# (BatchDeleteImage by tag removes that tag only while the image has others: the last one goes
+# with its image, which the lifecycle rule would expire anyway). No other identity may delete.
+in_use="arn:aws:ecr:$region:$account:repository/image-swapper/in-use"
+render "{Version: \"2012-10-17\", Statement: [{Sid: \"PullLogin\", Effect: \"Allow\", Action: \"ecr:GetAuthorizationToken\", Resource: \"*\"},
+  {Sid: \"ReadTheInUseSetsAndKeepTheLedger\", Effect: \"Allow\", Action: [\"ecr:ListImages\", \"ecr:BatchGetImage\",
+    \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchCheckLayerAvailability\", \"ecr:InitiateLayerUpload\", \"ecr:UploadLayerPart\",
+    \"ecr:CompleteLayerUpload\", \"ecr:PutImage\"], Resource: \"$in_use\"},
+  {Sid: \"InventoryAndUnanchorTheMirror\", Effect: \"Allow\", Action: [\"ecr:DescribeImages\", \"ecr:BatchGetImage\",
+    \"ecr:BatchDeleteImage\"], Resource: $repositories},
+  {Sid: \"ListTheRepositories\", Effect: \"Allow\", Action: \"ecr:DescribeRepositories\",
+    Resource: \"arn:aws:ecr:\(\$region):\(\$account):repository/*\"}]}" prune-job.json

@@ -18,6 +18,8 @@ pub struct ControlPlane {
     ports: [u16; 4],
     /// Added to kube-apiserver's flags.
     apiserver_args: String,
+    /// kube-controller-manager runs too (Deployments make ReplicaSets).
+    controller_manager: bool,
 }
 
 fn free_port() -> u16 {
@@ -64,6 +66,15 @@ impl ControlPlane {
 
     /// A control plane whose kube-apiserver also has `apiserver_args`.
     pub fn start_with(tools: PathBuf, apiserver_args: &str) -> ControlPlane {
+        ControlPlane::start_as(tools, apiserver_args, false)
+    }
+
+    /// A control plane with kube-controller-manager: Deployments roll out ReplicaSets.
+    pub fn start_with_controller_manager(tools: PathBuf) -> ControlPlane {
+        ControlPlane::start_as(tools, "", true)
+    }
+
+    fn start_as(tools: PathBuf, apiserver_args: &str, controller_manager: bool) -> ControlPlane {
         let data = std::env::temp_dir().join(format!(
             "fill-mirror-k8s-{}-{}",
             std::process::id(),
@@ -77,6 +88,7 @@ impl ControlPlane {
             data,
             ports: [free_port(), free_port(), free_port(), free_port()],
             apiserver_args: apiserver_args.to_string(),
+            controller_manager,
         };
         plane.up();
         plane
@@ -91,7 +103,7 @@ impl ControlPlane {
             .env("ETCD_PORT", etcd.to_string())
             .env("ETCD_PEER_PORT", peer.to_string())
             .env("KCM_PORT", kcm.to_string())
-            .env("START_KCM", "0")
+            .env("START_KCM", if self.controller_manager { "1" } else { "0" })
             .env("KUBE_APISERVER_EXTRA_ARGS", &self.apiserver_args)
             .env("KUBECONFIG_OUT", &self.kubeconfig)
             .output()

@@ -1,0 +1,266 @@
+//! Each period: the set computed from the stores, looked up in the mirror, merged with the set
+//! published before (read back from the mirror each time, so that a restart or a failover
+//! forgets nothing; a set that cannot be read back is not overwritten),
+//! every digest anchored (`inuse-<cluster>-<hex>`: the manifest's own bytes put under that
+//! tag, with its own media type), and the set pushed to each mirror registry as an OCI
+//! artifact at `<registry>/<repository>:<cluster>`. Nothing is ever deleted here.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::watch;
+
+use crate::in_use_set::{self, InUseSet, anchor_tag};
+use crate::metrics::{Metrics, RegistryLabel};
+use crate::referrers::Referrers;
+use crate::registry_http::RegistryHttp;
+
+use super::merge::merged;
+use super::mirror::{Manifest, Mirror};
+use super::named::named;
+use super::resolve::{AT_ONCE, Found, resolve};
+use super::stores::{Stores, watch_pods};
+use super::{Retention, Scope};
+
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const EMPTY: &str = "application/vnd.oci.empty.v1+json";
+
+struct Publisher {
+    retention: Retention,
+    mirror: Mirror,
+    referrers: Referrers,
+    metrics: Arc<Metrics>,
+}
+
+/// Computes and publishes the set every period, while this replica leads (or always, with
+/// no election), with the Pods followed into `stores` meanwhile.
+pub async fn publish_every_period(
+    retention: Retention,
+    http: RegistryHttp,
+    client: kube::Client,
+    (stores, pods): (
+        Stores,
+        kube::runtime::reflector::store::Writer<k8s_openapi::api::core::v1::Pod>,
+    ),
+    mut scope: watch::Receiver<Option<Scope>>,
+    leading: Option<watch::Receiver<bool>>,
+    metrics: Arc<Metrics>,
+) {
+    tokio::spawn(watch_pods(client, pods));
+    let publisher = Publisher {
+        mirror: Mirror::new(http.clone()),
+        referrers: Referrers::new(http),
+        retention,
+        metrics,
+    };
+    stores.ready().await;
+    let _ = scope.wait_for(Option::is_some).await;
+    tracing::info!(cluster = %publisher.retention.cluster, "the in-use set is computed and published every period");
+    let mut due = tokio::time::interval(publisher.retention.period);
+    due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        due.tick().await;
+        if leading.as_ref().is_some_and(|leading| !*leading.borrow()) {
+            continue;
+        }
+        let Some(scope) = scope.borrow().clone() else {
+            continue;
+        };
+        publisher.pass(&stores, &scope).await;
+    }
+}
+
+impl Publisher {
+    async fn pass(&self, stores: &Stores, scope: &Scope) {
+        let snapshot = stores.snapshot();
+        let named = named(&snapshot.objects(), scope);
+        let found = resolve(&self.mirror, &self.referrers, &named, &scope.policy).await;
+        for failure in &found.failures {
+            tracing::warn!(%failure, "a lookup of an image in use failed; what the set named before stays in it");
+        }
+        let registries = registries(scope);
+        for registry in registries {
+            if let Err(error) = self.publish(&registry, &found, scope).await {
+                self.metrics
+                    .in_use_publish_failures
+                    .get_or_create(&label(&registry))
+                    .inc();
+                tracing::warn!(%registry, %error, "the in-use set was not published; again next period");
+            }
+        }
+    }
+
+    async fn publish(&self, registry: &str, found: &Found, scope: &Scope) -> Result<(), String> {
+        let repository = format!("{registry}/{}", self.retention.repository);
+        let cluster = self.retention.cluster.clone();
+        // Read back at each pass, not only at start: a replica that leads again after another
+        // led meanwhile, or a restart, starts from what the mirror holds.
+        let read = self.read_back(&repository).await?;
+        let seen = found.seen.get(registry).map_or(&[][..], Vec::as_slice);
+        let previous = read.as_ref();
+        let set = merged(
+            &cluster,
+            seen,
+            previous,
+            Timestamp::now(),
+            self.retention.keep_for,
+            self.retention.period,
+        );
+        // Owned items: a stream over borrowed ones trips rustc's Send check of the spawned task
+        // (rust-lang/rust#102211).
+        let anchors: Vec<(String, String)> = (set.images.iter())
+            .map(|image| {
+                (
+                    format!("{registry}/{}", image.repository),
+                    image.digest.clone(),
+                )
+            })
+            .collect();
+        let anchored: Vec<_> = futures::stream::iter(anchors)
+            .map(|(at, digest)| async move {
+                let anchored = self.anchor(&at, &digest, found, scope).await;
+                (at, digest, anchored)
+            })
+            .buffer_unordered(AT_ONCE)
+            .collect()
+            .await;
+        for (at, digest, anchored) in anchored {
+            if let Err(error) = anchored {
+                tracing::warn!(repository = %at, %digest, %error, "cannot anchor an image in use; again next period");
+            }
+        }
+        self.push_set(&repository, &set).await?;
+        let label = label(registry);
+        let count = i64::try_from(set.images.len()).unwrap_or(i64::MAX);
+        self.metrics.in_use_images.get_or_create(&label).set(count);
+        let published = set.published.as_millisecond() as f64 / 1000.0;
+        self.metrics
+            .in_use_published
+            .get_or_create(&label)
+            .set(published);
+        tracing::info!(%registry, images = set.images.len(), "published the in-use set");
+        Ok(())
+    }
+
+    /// The set this cluster published before in `repository`, when there is one.
+    async fn read_back(&self, repository: &str) -> Result<Option<InUseSet>, String> {
+        let cluster = &self.retention.cluster;
+        let Some(manifest) = self.mirror.manifest(repository, cluster).await? else {
+            return Ok(None);
+        };
+        let value: serde_json::Value = serde_json::from_slice(&manifest.bytes)
+            .map_err(|error| format!("{repository}:{cluster}: {error}"))?;
+        let layer = value
+            .pointer("/layers/0/digest")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| format!("{repository}:{cluster}: no layer"))?;
+        let bytes = self.mirror.blob(repository, layer).await?;
+        let set: InUseSet = serde_json::from_slice(&bytes)
+            .map_err(|error| format!("{repository}:{cluster}'s set: {error}"))?;
+        if &set.cluster != cluster {
+            return Err(format!(
+                "{repository}:{cluster} holds the set of cluster {:?}: not overwritten",
+                set.cluster
+            ));
+        }
+        Ok(Some(set))
+    }
+
+    /// Puts the anchor of `digest` in `repository` (`host/path`) unless the tag names it
+    /// already (asked at each pass: a manifest deleted and copied again loses its tags); none
+    /// in a pull-through cache, which takes no push.
+    async fn anchor(
+        &self,
+        repository: &str,
+        digest: &str,
+        found: &Found,
+        scope: &Scope,
+    ) -> Result<(), String> {
+        let Some(tag) = anchor_tag(&self.retention.cluster, digest) else {
+            return Ok(());
+        };
+        if pull_through(repository, scope) {
+            return Ok(());
+        }
+        let held = self.mirror.manifest(repository, &tag).await?;
+        if held.is_some_and(|held| held.digest == digest) {
+            return Ok(());
+        }
+        let manifest = match found.manifests.get(&format!("{repository}@{digest}")) {
+            Some(manifest) => manifest.clone(),
+            None => match self.mirror.manifest(repository, digest).await? {
+                Some(manifest) => manifest,
+                // Gone from the mirror: nothing to anchor.
+                None => return Ok(()),
+            },
+        };
+        self.mirror
+            .put_manifest(repository, &tag, &manifest)
+            .await?;
+        let (registry, _) = super::resolve::split_host(repository);
+        self.metrics
+            .in_use_anchors
+            .get_or_create(&label(registry))
+            .inc();
+        Ok(())
+    }
+
+    /// The set as an OCI artifact: the empty config, one layer of the set's JSON.
+    async fn push_set(&self, repository: &str, set: &InUseSet) -> Result<(), String> {
+        let json = serde_json::to_vec(set).map_err(|error| format!("the set: {error}"))?;
+        let layer = Bytes::from(json);
+        let empty = Bytes::from_static(b"{}");
+        let layer_digest = self.mirror.push_blob(repository, &layer).await?;
+        let empty_digest = self.mirror.push_blob(repository, &empty).await?;
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "artifactType": in_use_set::MEDIA_TYPE,
+            "config": {"mediaType": EMPTY, "digest": empty_digest, "size": empty.len(), "data": "e30="},
+            "layers": [{"mediaType": in_use_set::MEDIA_TYPE, "digest": layer_digest, "size": layer.len()}],
+            "annotations": {"org.opencontainers.image.created": set.published.to_string()},
+        });
+        let bytes =
+            Bytes::from(serde_json::to_vec(&manifest).map_err(|e| format!("the manifest: {e}"))?);
+        let manifest = Manifest {
+            digest: crate::digest::digest_of(&bytes),
+            bytes,
+            media_type: OCI_MANIFEST.to_string(),
+        };
+        self.mirror
+            .put_manifest(repository, &set.cluster, &manifest)
+            .await
+    }
+}
+
+fn label(registry: &str) -> RegistryLabel {
+    RegistryLabel {
+        registry: registry.to_string(),
+    }
+}
+
+/// The mirror registries a set is published to: the hosts of the targets, but for a host whose
+/// every target is a pull-through cache (it takes no push).
+fn registries(scope: &Scope) -> BTreeSet<String> {
+    let router = &scope.policy.router;
+    let pushed = router.rules.iter().flat_map(|rule| {
+        rule.targets
+            .iter()
+            .filter(|target| !target.pull_through)
+            .map(|target| target.prefix.host().to_string())
+    });
+    let defaults = router.default_mirrors.iter().map(|m| m.host().to_string());
+    pushed.chain(defaults).collect()
+}
+
+/// Whether `repository` (`host/path`) lies under a target marked `pullThrough`.
+fn pull_through(repository: &str, scope: &Scope) -> bool {
+    scope.policy.router.rules.iter().any(|rule| {
+        rule.targets.iter().any(|target| {
+            target.pull_through && target.prefix.resolved().strip_from(repository).is_some()
+        })
+    })
+}
