@@ -131,6 +131,44 @@ mod tests {
         assert_eq!(Glob::new(pattern), Err(error));
     }
 
+    /// Every pattern and text of up to 4 characters over `a`, `/`, `:`, `*`, `?` (texts
+    /// without the two wildcards, plus one non-ASCII letter): a rule read from a verifier
+    /// matches exactly the images `wildmatch` 2.6, the crate verify-image-signatures matches
+    /// them with (its src/lib.rs), matches. The oracle is that crate, not this matcher.
+    #[test]
+    fn a_verifier_s_rule_matches_as_wildmatch_does() {
+        fn words(alphabet: &[char], longest: usize) -> Vec<String> {
+            let mut all = vec![String::new()];
+            let mut last = vec![String::new()];
+            for _ in 0..longest {
+                last = last
+                    .iter()
+                    .flat_map(|word| alphabet.iter().map(move |c| format!("{word}{c}")))
+                    .collect();
+                all.extend(last.iter().cloned());
+            }
+            all
+        }
+        let patterns = words(&['a', '/', ':', '*', '?'], 4);
+        let texts = words(&['a', '/', ':', 'é'], 4);
+        let mut differences = Vec::new();
+        for pattern in &patterns {
+            let ours = Glob::wildmatch(pattern);
+            let theirs = wildmatch::WildMatch::new(pattern);
+            for text in &texts {
+                if ours.matches(text) != theirs.matches(text) {
+                    differences.push(format!("{pattern:?} on {text:?}"));
+                }
+            }
+        }
+        assert!(
+            differences.is_empty(),
+            "{} differ from wildmatch, the first: {:?}",
+            differences.len(),
+            &differences[..differences.len().min(4)]
+        );
+    }
+
     #[test]
     fn pathological_pattern_stays_fast() {
         let glob = Glob::new(&"*a".repeat(50)).expect("valid pattern");

@@ -18,14 +18,30 @@ fn assert_one_line(name: &str, text: &str) {
     );
 }
 
+/// A case, then its sibling (the case its `sibling` file names) under the case's settings.
 fn check_case(dir: &Path, backtrace: bool) {
+    check_answer(dir, &dir.join("settings.yml"), backtrace);
+    if let Some(sibling) = sibling_of(dir) {
+        check_answer(&sibling, &dir.join("settings.yml"), backtrace);
+    }
+}
+
+/// The case named in `dir/sibling`: a request that, under this case's settings, a policy that
+/// accepts everything unchanged would answer wrongly. Shown with the cases that such a policy
+/// would pass, so that each of them fails when the policy does not run.
+fn sibling_of(dir: &Path) -> Option<std::path::PathBuf> {
+    let name = std::fs::read_to_string(dir.join("sibling")).ok()?;
+    Some(rig::root().join("e2e/cases").join(name.trim()))
+}
+
+fn check_answer(dir: &Path, settings: &Path, backtrace: bool) {
     let name = dir
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default()
         .to_string();
     let expect = read_json(&dir.join("expect.json"));
-    let settings = read_yaml(&dir.join("settings.yml"));
+    let settings = read_yaml(settings);
     if expect["settingsValid"] == Value::Bool(false) {
         let (valid, message) = validate_settings(&settings);
         assert!(!valid, "{name}: settings should be refused");
@@ -52,38 +68,38 @@ fn check_case(dir: &Path, backtrace: bool) {
         expect["allowed"],
         "{name}: allowed; {response:?}"
     );
-    match expect["patch"].as_object() {
+    match expect["patch"].as_array() {
         None => assert!(
             response.mutated.is_none(),
             "{name}: expected no patch, got {:?}",
             response.mutated
         ),
-        Some(paths) => {
+        Some(operations) => {
             let mutated = response
                 .mutated
                 .as_ref()
                 .unwrap_or_else(|| panic!("{name}: expected a patch"));
             // The whole patch as kwctl computes it (`json_patch::diff` of the request's object
-            // and the answer's): every operation's path and value, no more and no fewer.
+            // and the answer's): every operation, its op, path and value, in order, no more and
+            // no fewer.
             let patch = serde_json::to_value(json_patch::diff(&request["object"], mutated))
                 .expect("a JSON patch");
-            let got: serde_json::Map<String, Value> = patch
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|operation| {
-                    (
-                        operation["path"].as_str().unwrap_or_default().to_string(),
-                        operation.get("value").cloned().unwrap_or(Value::Null),
-                    )
-                })
-                .collect();
-            assert_eq!(&got, paths, "{name}: the whole patch");
+            assert_eq!(
+                patch.as_array(),
+                Some(operations),
+                "{name}: the whole patch"
+            );
         }
     }
     // The record of unmirrored images is on the Pod exactly when the case expects it.
-    let labelled =
-        expect["patch"]["/metadata/labels"]["image-swapper.kubewarden.io/unmirrored"].is_string();
+    let labelled = expect["patch"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|operation| {
+            operation["path"] == "/metadata/labels"
+                && operation["value"]["image-swapper.kubewarden.io/unmirrored"].is_string()
+        });
     assert_eq!(
         response.unmirrored().is_some(),
         labelled,
@@ -170,10 +186,26 @@ fn cases() -> Vec<std::path::PathBuf> {
     dirs
 }
 
+/// The cases of `e2e/cases/`, every one with its recording: a case removed fails here (lower it
+/// only in the commit that removes one, saying why; raise it with the cases you add).
+const CASES: usize = 53;
+
+/// What a case holds: the request, the settings, the recorded host interactions, the answer.
+const CASE_FILES: [&str; 4] = ["request.json", "settings.yml", "session.yml", "expect.json"];
+
 #[test]
 fn every_e2e_case_holds_in_the_rig() {
     let cases = cases();
-    assert!(cases.len() >= 12, "{} cases", cases.len());
+    assert_eq!(cases.len(), CASES, "the e2e cases");
+    for dir in &cases {
+        for file in CASE_FILES {
+            assert!(
+                dir.join(file).is_file(),
+                "{}: {file} is missing",
+                dir.display()
+            );
+        }
+    }
     for dir in cases {
         check_case(&dir, false);
     }
@@ -186,6 +218,42 @@ fn every_e2e_case_holds_with_host_backtraces() {
     for dir in cases() {
         check_case(&dir, true);
     }
+}
+
+/// Whether a policy that accepts everything unchanged (no patch, no warning, no message, no
+/// audit annotation) answers as `expect` says.
+fn a_no_op_policy_passes(expect: &Value) -> bool {
+    expect["settingsValid"] != Value::Bool(false)
+        && expect["allowed"] == Value::Bool(true)
+        && expect["patch"].is_null()
+        && expect["message"].is_null()
+        && expect["warnings"].as_array().is_none_or(Vec::is_empty)
+        && expect["auditAnnotations"]
+            .as_object()
+            .is_none_or(serde_json::Map::is_empty)
+}
+
+/// A case that a policy doing nothing would pass names a sibling that such a policy fails, run
+/// under the case's settings (by bats and by `every_e2e_case_holds_in_the_rig`): the case then
+/// fails when the policy did not run, not only when it decided wrongly.
+#[test]
+fn every_case_a_no_op_policy_passes_has_a_sibling_it_fails() {
+    let mut passable = Vec::new();
+    for dir in cases() {
+        if !a_no_op_policy_passes(&read_json(&dir.join("expect.json"))) {
+            continue;
+        }
+        let name = dir.file_name().and_then(|n| n.to_str()).map(str::to_string);
+        passable.push(name.clone().unwrap_or_default());
+        let sibling = sibling_of(&dir).unwrap_or_else(|| panic!("{name:?}: no sibling"));
+        let expect = read_json(&sibling.join("expect.json"));
+        assert!(
+            !a_no_op_policy_passes(&expect),
+            "{name:?}: its sibling {} passes with a no-op policy too",
+            sibling.display()
+        );
+    }
+    assert!(passable.len() >= 9, "{passable:?}");
 }
 
 #[test]
@@ -296,7 +364,12 @@ fn signature_cases_expect_what_the_table_and_the_recorded_host_say() {
         let written = request["object"]["spec"]["containers"][0]["image"]
             .as_str()
             .unwrap_or_default();
-        let swapped = expect["patch"]["/spec/containers/0/image"].as_str();
+        let swapped = expect["patch"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|operation| operation["path"] == "/spec/containers/0/image")
+            .and_then(|operation| operation["value"].as_str());
         match verifications.iter().find_map(|(_, a)| a.as_ref().err()) {
             None => {
                 let digests: BTreeSet<&String> = verifications

@@ -1298,3 +1298,113 @@ fn the_kubernetes_list_with_and_without_the_grant() {
         kubernetes_lists(&tools, &plane, &upstreams, &certificate, rbac, granted);
     }
 }
+
+/// `policyServerServiceAccount` under policy-server 1.35 reading a real API server as a
+/// ServiceAccount with `get` and `list` on the four kinds (and `create` on
+/// subjectaccessreviews, to ask): the policy's `can_i` is refused `watch`, so the verifiers
+/// are unreadable, in the host's and the model's (grants table) words alike. `watch` granted
+/// then, a question asked again within 5 s is answered from the host's cache (still refused);
+/// asked after 5 s, it is allowed and the verifiers are read.
+#[test]
+fn can_i_and_its_5_s_cache() {
+    let Some(tools) = RealTools::find("can_i_and_its_5_s_cache") else {
+        return;
+    };
+    let _serial = one_at_a_time();
+    let signer = rig::cosign::Signer::generate();
+    let mirror = signing_mirror("mvh-can-i", &signer);
+    let certificate = ServingCertificate::loopback();
+    let upstreams = [Upstream::registry(&mirror, "MIRROR", &certificate)];
+    let plane = kubewarden_cluster(&tools);
+    create(
+        &plane,
+        &team_verifier(
+            "verify-image-signatures",
+            &signer,
+            &["src.example/org/app:signed0", "src.example/org/app:signed1"],
+        ),
+    );
+    let asker = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "ask-access"},
+         "rules": [{"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "ask-access"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ask-access"},
+         "subjects": [{"kind": "ServiceAccount", "name": GET_LIST.name, "namespace": "kubewarden"}]},
+    ]});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&asker.to_string()));
+    let kinds: Vec<(String, String)> = POLICY_KINDS
+        .iter()
+        .map(|(kind, _)| (POLICIES_API.to_string(), kind.to_string()))
+        .collect();
+    let user = format!("system:serviceaccount:kubewarden:{}", GET_LIST.name);
+    let grant = |verbs: &[&str]| rig::kubernetes::Grant {
+        user: user.clone(),
+        binding: GET_LIST.name.to_string(),
+        verbs: verbs.iter().map(|verb| verb.to_string()).collect(),
+    };
+    let mut cluster = Cluster::with_objects(policies_in(&plane));
+    // What the lists see once asked: by then `watch` is granted.
+    cluster.access = Access::Watch;
+    cluster.granted = Some(kinds.clone());
+    cluster.grant(grant(GET_LIST.verbs));
+    let mut settings = verifiers_settings();
+    settings["policyServerServiceAccount"] = json!(format!("kubewarden/{}", GET_LIST.name));
+    let sides = Sides::start(
+        &tools,
+        &upstreams,
+        Duration::from_millis(20),
+        &settings,
+        Options {
+            transport: Transport::Https,
+            certificate: Some(copy(&certificate)),
+            context_aware: kinds,
+            kubeconfig: Some(service_account_kubeconfig(&plane, GET_LIST)),
+            cluster: Some(cluster.clone()),
+            ..Options::default()
+        },
+    );
+    let refused = |admission: &Admission| {
+        admission
+            .observed
+            .warnings
+            .iter()
+            .any(|warning| warning.contains("may not watch"))
+    };
+    let asked = Instant::now();
+    let (host, _) = same_first_answer(
+        &sides,
+        "without watch",
+        &pod_in("team", &["src.example/org/app:signed0"]),
+    );
+    assert!(refused(&host), "without watch: {:?}", host.observed);
+
+    let rules = json!([{"apiGroups": ["policies.kubewarden.io"],
+        "resources": POLICY_KINDS.iter().map(|(_, plural)| *plural).collect::<Vec<_>>(),
+        "verbs": GET_LIST_WATCH.verbs}]);
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": GET_LIST.name}, "rules": rules});
+    plane.kubectl_ok(&["apply", "-f", "-"], Some(&role.to_string()));
+    cluster.grant(grant(GET_LIST_WATCH.verbs));
+    let (host, _) = same_answer_in_time(
+        &sides,
+        "watch granted, asked again within 5 s",
+        &pod_in("team", &["src.example/org/app:signed0"]),
+    );
+    assert!(
+        asked.elapsed() < rig::kubernetes::CAN_I_CACHE,
+        "the second question came {:?} after the first: not within the cache",
+        asked.elapsed()
+    );
+    assert!(refused(&host), "within 5 s: {:?}", host.observed);
+
+    thread::sleep(rig::kubernetes::CAN_I_CACHE + Duration::from_secs(1));
+    let (host, _) = same_first_answer(
+        &sides,
+        "watch granted, asked after 5 s",
+        &pod_in("team", &["src.example/org/app:signed1"]),
+    );
+    assert!(!refused(&host), "after 5 s: {:?}", host.observed);
+    println!("after 5 s: {:?}", host.observed);
+}

@@ -9,7 +9,6 @@
 
 mod rig;
 
-use image_swapper_policy::glob::Glob;
 use rig::cosign::{Signer, signature_tag};
 use rig::hosts::LiveHost;
 use rig::images::Image;
@@ -18,6 +17,7 @@ use rig::tools::RealTools;
 use rig::wapc::SharedHost;
 use rig::{pod_request, shared, validate};
 use serde_json::{Value, json};
+use wildmatch::WildMatch;
 
 /// The source, its mirror, and one signer; `org/app:signed` is signed, `org/app:unsigned` is
 /// not; the mirror holds copies of both (same digests) without signatures.
@@ -169,15 +169,16 @@ fn swapper(settings: &Value, object: &Value, host: SharedHost) -> Admitted {
 
 /// verify-image-signatures 1.0.11's answer for a one-container Pod (its
 /// `verify_container_images`, `handle_verification_response`, `add_digest_if_not_present`):
-/// every rule whose glob matches the image as written is verified through the host, the first
-/// failure's text goes into `Resource web is not accepted: verification of image X failed: E`,
-/// and a verified image is pinned to `image@digest` unless it already names that digest.
+/// every rule whose pattern matches the image as written (by `wildmatch`, the verifier's own
+/// matcher) is verified through the host, the first failure's text goes into `Resource web is
+/// not accepted: verification of image X failed: E`, and a verified image is pinned to
+/// `image@digest` unless it already names that digest.
 fn verifier(rules: &[Value], image: &str, host: &SharedHost) -> Admitted {
     let mut pinned = image.to_string();
     let mut errors = Vec::new();
     for rule in rules {
         let pattern = rule["image"].as_str().unwrap_or_default();
-        if !Glob::new(pattern).expect("rule glob").matches(image) {
+        if !WildMatch::new(pattern).matches(image) {
             continue;
         }
         let requests: Vec<Value> = match rule.get("certificates") {
@@ -1387,14 +1388,8 @@ fn record_case(tools: &RealTools, world: &World, name: &str, settings: &Value, i
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(patch)
             .expect("base64 patch");
-        let operations: Vec<Value> = serde_json::from_slice(&bytes).expect("JSON patch");
-        let mut paths = serde_json::Map::new();
-        for operation in operations {
-            if let Some(path) = operation["path"].as_str() {
-                paths.insert(path.to_string(), operation["value"].clone());
-            }
-        }
-        expect["patch"] = Value::Object(paths);
+        // The whole JSON patch: its operations, paths and values, in kwctl's order.
+        expect["patch"] = serde_json::from_slice(&bytes).expect("JSON patch");
     }
     if answer["warnings"].as_array().is_some_and(|w| !w.is_empty()) {
         expect["warnings"] = answer["warnings"].clone();

@@ -70,6 +70,11 @@ pub enum Mode {
         no_reports: bool,
         #[command(flatten)]
         check: Check,
+        /// Kubewarden's own namespace: its controller leaves it out of every policy
+        /// (policy-server accepts what comes from it unchanged), so nothing there is filled.
+        /// Empty: no namespace is left out.
+        #[arg(long, default_value = "kubewarden")]
+        kubewarden_namespace: String,
         #[command(flatten)]
         election: Election,
         #[command(flatten)]

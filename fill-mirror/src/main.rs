@@ -78,6 +78,7 @@ fn main() -> ExitCode {
                 no_templates,
                 no_reports,
                 check,
+                kubewarden_namespace,
                 election,
                 retention,
             } => {
@@ -95,6 +96,8 @@ fn main() -> ExitCode {
                         templates: !no_templates,
                         reports: (!no_reports).then_some(check),
                         retention,
+                        kubewarden_namespace: Some(kubewarden_namespace)
+                            .filter(|namespace| !namespace.is_empty()),
                     },
                     election,
                 )

@@ -24,6 +24,8 @@ pub struct Follow {
     pub reports: Option<Check>,
     /// The in-use set: computed and published each period with `--cluster-id`.
     pub retention: RetentionArgs,
+    /// Kubewarden's own namespace, which no policy sees (none: every namespace may be seen).
+    pub kubewarden_namespace: Option<String>,
 }
 
 /// The watch's periods.
@@ -116,6 +118,7 @@ pub async fn watch(
         period: timing.period,
         set_ages: Some(set_ages),
         in_use: writers.map(|writers| (writers, scope_tx)),
+        kubewarden_namespace: follow.kubewarden_namespace,
     };
     let watching = tokio::spawn(watcher.run());
     let publishing = match (retention, stores) {

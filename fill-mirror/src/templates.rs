@@ -18,7 +18,8 @@ use serde_json::Value;
 /// What a workload template watch says: its images, keyed `Kind/namespace/name`.
 pub enum TemplateEvent {
     Init(&'static str),
-    Apply(String, Vec<String>),
+    /// Its images, and its Pods' labels (what the policy's `objectSelector` sees).
+    Apply(String, Vec<String>, Value),
     Delete(String),
     InitDone(&'static str),
 }
@@ -79,7 +80,11 @@ where
                 Ok(Event::InitDone) => Some(TemplateEvent::InitDone(kind)),
                 Ok(Event::Apply(object) | Event::InitApply(object)) => {
                     let (key, value) = keyed(&object);
-                    Some(TemplateEvent::Apply(key, template_images(&value, spec)))
+                    let labels = spec
+                        .strip_suffix("/spec")
+                        .and_then(|template| value.pointer(&format!("{template}/metadata/labels")));
+                    let labels = labels.cloned().unwrap_or_default();
+                    Some(TemplateEvent::Apply(key, template_images(&value, spec), labels))
                 }
                 Ok(Event::Delete(object)) => Some(TemplateEvent::Delete(keyed(&object).0)),
                 Err(error) => {

@@ -56,6 +56,8 @@ pub struct Watch {
     /// With retention on: the in-use set's stores of the workload kinds, filled by the
     /// template watches, and where the policy's scope is sent as it changes.
     pub in_use: Option<(Writers, ScopeSender)>,
+    /// Kubewarden's own namespace, which no policy sees: nothing there is filled.
+    pub kubewarden_namespace: Option<String>,
 }
 
 /// The board's key of the copies the check role's reports name (`Reports/<namespace>` each):
@@ -76,8 +78,8 @@ struct Known {
     pods_listed: bool,
     /// Notes already logged, so that a record refused is named once, not at each event.
     noted: HashSet<String>,
-    /// Each workload template's images, to route again when the settings change.
-    templates: BTreeMap<String, Vec<String>>,
+    /// Each workload template's images and labels, to route again when the settings change.
+    templates: BTreeMap<String, (Vec<String>, Value)>,
     /// During a list of a kind: the templates it named so far.
     templates_listing: BTreeMap<&'static str, BTreeSet<String>>,
     /// The namespaces the policy covers: where templates are filled.
@@ -109,7 +111,7 @@ impl Watch {
             noted: HashSet::new(),
             templates: BTreeMap::new(),
             templates_listing: BTreeMap::new(),
-            coverage: Coverage::default(),
+            coverage: Coverage::excluding(self.kubewarden_namespace.clone()),
         };
         // Records and templates alike are read only where the policy covers the namespace.
         let mut namespaces = watcher::watcher(
@@ -253,14 +255,14 @@ impl Watch {
             TemplateEvent::Init(kind) => {
                 known.templates_listing.insert(kind, BTreeSet::new());
             }
-            TemplateEvent::Apply(key, images) => {
+            TemplateEvent::Apply(key, images, labels) => {
                 if let Some(kind) = key.split('/').next()
                     && let Some(listing) = known.templates_listing.get_mut(kind)
                 {
                     listing.insert(key.clone());
                 }
-                self.route_template(known, &key, &images);
-                known.templates.insert(key, images);
+                self.route_template(known, &key, &images, &labels);
+                known.templates.insert(key, (images, labels));
             }
             TemplateEvent::Delete(key) => {
                 known.templates.remove(&key);
@@ -281,12 +283,13 @@ impl Watch {
 
     /// Puts a template's images on the board as copies, routed by the settings in force; an
     /// image no rule routes (excluded, unmatched, already a mirror image) has none, and neither
-    /// has a template of a namespace the policy does not cover.
-    fn route_template(&self, known: &Known, key: &str, images: &[String]) {
+    /// has a template whose Pods the policy does not see.
+    fn route_template(&self, known: &Known, key: &str, images: &[String], labels: &Value) {
         let Some(policy) = known.policy.as_ref() else {
             return;
         };
-        let covered = namespace_of(key).is_some_and(|namespace| known.coverage.covers(namespace));
+        let covered = namespace_of(key)
+            .is_some_and(|namespace| known.coverage.covers_pod(namespace, Some(labels)));
         let copies = if covered {
             images
                 .iter()
@@ -301,9 +304,9 @@ impl Watch {
     /// Routes again the templates of `namespace` (or every template): its labels, or the
     /// settings, changed.
     fn route_templates(&self, known: &Known, namespace: Option<&str>) {
-        for (key, images) in &known.templates {
+        for (key, (images, labels)) in &known.templates {
             if namespace.is_none_or(|namespace| namespace_of(key) == Some(namespace)) {
-                self.route_template(known, key, images);
+                self.route_template(known, key, images, labels);
             }
         }
     }
@@ -389,10 +392,11 @@ impl Watch {
         let Some(policy) = known.policy.as_ref() else {
             return;
         };
-        if !known.coverage.covers(pod_namespace(key)) {
+        let labels = pod.pointer("/metadata/labels");
+        if !known.coverage.covers_pod(pod_namespace(key), labels) {
             lock(&self.board).pod_gone(key);
             let note = format!(
-                "ignored the record of Pod {key}: the swapping policy does not cover its namespace, so it did not write it"
+                "ignored the record of Pod {key}: the swapping policy does not see it (its namespace, its labels, or Kubewarden's own namespace), so it did not write it"
             );
             if known.noted.insert(note.clone()) {
                 self.metrics.counted("refused");

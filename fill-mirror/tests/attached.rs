@@ -14,7 +14,7 @@ use rig::images::{Artifact, Image, Index, OCI_INDEX, OCI_MANIFEST};
 use rig::proxy::LatencyProxy;
 use rig::referrers::{Guard, ReferrersFront, push_referrer};
 use rig::registry::{TestRegistry, basic_auth};
-use rig::{policy, recorded_pod, run, settings, text, write_json};
+use rig::{pod_recorded_by_hand, run, settings, text, write_json};
 use serde_json::{Value, json};
 
 /// The source registry's round trip.
@@ -56,9 +56,13 @@ fn once_with(source: &str, mirror: &str, pods: &[Value], auths: Option<Value>) -
     run(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-/// A Pod of `image`, recorded by the policy's own writer as lacking it.
+/// A Pod of `image` (under `source`), recorded as lacking it: the record written by hand, its
+/// copy to the same path under `mirror/hub`.
 fn pod(image: &str, source: &str, mirror: &str) -> Value {
-    recorded_pod("p", &[image], &[image], &policy(&settings(source, mirror)))
+    let path = image
+        .strip_prefix(&format!("{source}/"))
+        .expect("an image under the source");
+    pod_recorded_by_hand("p", image, &format!("{mirror}/hub/{path}"))
 }
 
 fn succeeded(output: &Output) -> String {

@@ -16,7 +16,7 @@ use rig::ecr::{ACCOUNT, EcrRegistry, Moto};
 use rig::images::Image;
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
-use rig::{fill_mirror, policy, recorded_pod, text, write_json};
+use rig::{fill_mirror, mirror_by_hand, pod_recorded_by_hand, text, write_json};
 use serde_json::{Value, json};
 
 /// A registry's distance for the sources behind the latency proxy.
@@ -76,13 +76,14 @@ fn once(pods: &Path, settings: &Path, args: &[&str], env: &[(&str, String)]) -> 
 /// The Pods file and the settings file for Pods of `images`, recorded as lacking them, under
 /// `rules` (the swapping policy's `mirrors`).
 fn inputs(dir: &Path, rules: Value, images: &[&str]) -> (PathBuf, PathBuf) {
-    let settings = json!({ "mirrors": rules });
-    let policy = policy(&settings);
     let items: Vec<Value> = images
         .iter()
         .enumerate()
-        .map(|(i, image)| recorded_pod(&format!("p{i}"), &[image], &[image], &policy))
+        .map(|(i, image)| {
+            pod_recorded_by_hand(&format!("p{i}"), image, &mirror_by_hand(&rules, image))
+        })
         .collect();
+    let settings = json!({ "mirrors": rules });
     let (pods, settings_file) = (dir.join("pods.json"), dir.join("settings.json"));
     write_json(
         &pods,

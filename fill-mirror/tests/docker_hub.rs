@@ -16,7 +16,7 @@ use std::time::Duration;
 use rig::hub::{DockerHubFront, registries_conf};
 use rig::proxy::LatencyProxy;
 use rig::registry::{TestRegistry, basic_auth};
-use rig::{fill_mirror, policy, recorded_pod, settings, text, write_json};
+use rig::{fill_mirror, pod_recorded_by_hand, settings, text, write_json};
 use serde_json::json;
 
 /// Docker Hub's distance.
@@ -53,7 +53,8 @@ fn once_for_a_typo(password: Option<&str>) -> Output {
     let skopeo = skopeo_with(dir.path(), &registries);
     let rules = settings("docker.io", &mirror.host);
     let image = "docker.io/library/typo:1";
-    let pod = recorded_pod("p", &[image], &[image], &policy(&rules));
+    // The record written by hand: the rule docker.io -> MIRROR/hub keeps the path.
+    let pod = pod_recorded_by_hand("p", image, &format!("{}/hub/library/typo:1", mirror.host));
     let path = |name: &str| dir.path().join(name);
     write_json(&path("pods.json"), &json!({"items": [pod]}));
     write_json(&path("settings.json"), &rules);

@@ -18,7 +18,7 @@ use rig::ecr::{EcrRegistry, Moto};
 use rig::images::{Artifact, Image};
 use rig::proxy::LatencyProxy;
 use rig::registry::{TestRegistry, basic_auth};
-use rig::{fill_mirror, policy, recorded_pod, text, write_json};
+use rig::{fill_mirror, mirror_by_hand, pod_recorded_by_hand, text, write_json};
 use serde_json::{Value, json};
 
 /// The sources' distance.
@@ -59,11 +59,13 @@ impl Ecr {
     /// everything it printed.
     fn fill(&self, dir: &Path, rules: &Value, images: &[&str], args: &[&str]) -> (i32, String) {
         let settings = json!({ "mirrors": rules });
-        let routing = policy(&settings);
+        // Each record written by hand.
         let items: Vec<Value> = images
             .iter()
             .enumerate()
-            .map(|(i, image)| recorded_pod(&format!("p{i}"), &[image], &[image], &routing))
+            .map(|(i, image)| {
+                pod_recorded_by_hand(&format!("p{i}"), image, &mirror_by_hand(rules, image))
+            })
             .collect();
         write_json(&dir.join("pods.json"), &json!({"items": items}));
         write_json(&dir.join("settings.json"), &settings);

@@ -18,7 +18,7 @@ use rig::plane::{ControlPlane, find_tools};
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
 use rig::replica::{Replica, eventually, holder, lease, micro_time};
-use rig::{fill_mirror, policy, recorded_pod, settings};
+use rig::{fill_mirror, pod_recorded_by_hand, settings};
 use serde_json::json;
 
 const LEASE: &str = "fill-mirror";
@@ -29,7 +29,6 @@ struct Cluster {
     /// The source as Pods name it, away by the relay's round trip.
     far: LatencyProxy,
     mirror: TestRegistry,
-    policy: image_swapper_policy::policy::Policy,
     dir: tempfile::TempDir,
 }
 
@@ -48,7 +47,6 @@ fn cluster_away(test: &str, away: Duration) -> Option<Cluster> {
     plane.install_policy_crd();
     plane.apply_swapping_policy("image-swapper", &settings);
     Some(Cluster {
-        policy: policy(&settings),
         plane,
         source,
         far,
@@ -59,11 +57,12 @@ fn cluster_away(test: &str, away: Duration) -> Option<Cluster> {
 
 impl Cluster {
     /// Pushes `app/NAME:1` to the source and creates Pod NAME running it, recorded as admission
-    /// records it when the mirror lacks it.
+    /// records it when the mirror lacks it (the record written by hand).
     fn pod(&self, name: &str) {
         Image::new(name, "linux/amd64").push(&self.source, &format!("app/{name}"), Some("1"));
         let image = format!("{}/app/{name}:1", self.far.host);
-        let pod = recorded_pod(name, &[&image], &[&image], &self.policy);
+        let mirror = format!("{}/hub/app/{name}:1", self.mirror.host);
+        let pod = pod_recorded_by_hand(name, &image, &mirror);
         self.plane
             .kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
     }

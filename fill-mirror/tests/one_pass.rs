@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use rig::images::{Image, Index};
 use rig::registry::TestRegistry;
-use rig::{policy, recorded_pod, run, settings, text, write_json};
+use rig::{pod_recorded_by_hand, run, settings, text, write_json};
 use serde_json::{Value, json};
 
 struct Files {
@@ -29,13 +29,18 @@ impl Files {
     }
 }
 
-/// The pods file and the settings file for Pods of `images` recorded as lacking them.
+/// The pods file and the settings file for Pods of `images` (each under `source`) recorded as
+/// lacking them, with records written by hand: each copied to the same path under `mirror/hub`.
 fn inputs(files: &Files, source: &str, mirror: &str, pods: &[(&str, &str)]) -> (String, String) {
     let settings = settings(source, mirror);
-    let policy = policy(&settings);
     let items: Vec<Value> = pods
         .iter()
-        .map(|(name, image)| recorded_pod(name, &[image], &[image], &policy))
+        .map(|(name, image)| {
+            let path = image
+                .strip_prefix(&format!("{source}/"))
+                .expect("an image under the source");
+            pod_recorded_by_hand(name, image, &format!("{mirror}/hub/{path}"))
+        })
         .collect();
     (
         files.write(
@@ -50,19 +55,8 @@ fn inputs(files: &Files, source: &str, mirror: &str, pods: &[(&str, &str)]) -> (
 fn list_prints_each_copy_once_and_refuses_a_record_the_policy_did_not_write() {
     let files = Files::new();
     let settings = settings("src.example", "m.example");
-    let policy = policy(&settings);
-    let own = recorded_pod(
-        "own",
-        &["src.example/app/web:1"],
-        &["src.example/app/web:1"],
-        &policy,
-    );
-    let twin = recorded_pod(
-        "twin",
-        &["src.example/app/web:1"],
-        &["src.example/app/web:1"],
-        &policy,
-    );
+    let own = pod_recorded_by_hand("own", "src.example/app/web:1", "m.example/hub/app/web:1");
+    let twin = pod_recorded_by_hand("twin", "src.example/app/web:1", "m.example/hub/app/web:1");
     let mut forged = own.clone();
     forged["metadata"]["name"] = json!("forged");
     forged["spec"]["containers"][0]["image"] = json!("src.example/app/db:1");

@@ -14,7 +14,7 @@ use rig::api_proxy::ApiProxy;
 use rig::images::Image;
 use rig::plane::{ControlPlane, find_tools};
 use rig::registry::TestRegistry;
-use rig::{alerts, fill_mirror, policy, recorded_pod, settings};
+use rig::{alerts, fill_mirror, pod_recorded_by_hand, settings};
 use serde_json::Value;
 
 const LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
@@ -126,7 +126,6 @@ struct Cluster {
     plane: ControlPlane,
     source: TestRegistry,
     mirror: TestRegistry,
-    policy: image_swapper_policy::policy::Policy,
 }
 
 fn cluster(test: &str) -> Option<Cluster> {
@@ -143,7 +142,6 @@ fn cluster_with(test: &str, apiserver_args: &str) -> Option<Cluster> {
     plane.install_policy_crd();
     plane.apply_swapping_policy("image-swapper", &settings);
     Some(Cluster {
-        policy: policy(&settings),
         plane,
         source,
         mirror,
@@ -151,16 +149,16 @@ fn cluster_with(test: &str, apiserver_args: &str) -> Option<Cluster> {
 }
 
 impl Cluster {
+    /// Where the settings route `repository:1` of the source: the same path under `hub`.
+    fn mirror_of(&self, repository: &str) -> String {
+        format!("{}/hub/{repository}:1", self.mirror.host)
+    }
+
     /// Creates Pod `name` running `repository:1` from the source, with the record admission
-    /// writes when the mirror lacks it.
+    /// writes when the mirror lacks it, written by hand.
     fn create_pod(&self, name: &str, repository: &str) {
         let image = format!("{}/{repository}:1", self.source.host);
-        let pod = recorded_pod(name, &[&image], &[&image], &self.policy);
-        assert_eq!(
-            pod.pointer("/metadata/labels").and_then(|l| l.get(LABEL)),
-            Some(&Value::from("true")),
-            "{pod}"
-        );
+        let pod = pod_recorded_by_hand(name, &image, &self.mirror_of(repository));
         self.plane
             .kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
     }
@@ -327,6 +325,85 @@ fn templates_are_filled_only_where_the_policy_s_namespace_selector_covers() {
     );
 }
 
+/// Kubewarden's controller registers the policy's webhook with its `objectSelector` and leaves
+/// its own namespace out (policy-server accepts what comes from there unchanged): a template or
+/// a recorded Pod the selector does not match, or in namespace `kubewarden`, is never swapped, so
+/// it is not filled, beside a labelled one in `default` that is.
+#[test]
+fn nothing_outside_the_object_selector_or_in_kubewarden_s_namespace_is_filled() {
+    let Some(cluster) = cluster("fill-object-selector") else {
+        return;
+    };
+    let mut policy = cluster
+        .plane
+        .get_json(&["clusteradmissionpolicy", "image-swapper"]);
+    policy["spec"]["objectSelector"] = serde_json::json!({"matchLabels": {"swap": "yes"}});
+    cluster
+        .plane
+        .kubectl(&["apply", "-f", "-"], Some(&policy.to_string()));
+    cluster
+        .plane
+        .kubectl(&["create", "namespace", "kubewarden"], None);
+    let watch = Watch::start(&cluster.plane);
+    // (repository, namespace, the Pods' labels, filled)
+    let cases = [
+        ("app/template-in", "default", "yes", true),
+        ("app/template-unlabelled", "default", "no", false),
+        ("app/template-kubewarden", "kubewarden", "yes", false),
+        ("app/pod-in", "default", "yes", true),
+        ("app/pod-unlabelled", "default", "no", false),
+        ("app/pod-kubewarden", "kubewarden", "yes", false),
+    ];
+    let mut digests = Vec::new();
+    for (i, (repository, namespace, swap, _)) in cases.iter().enumerate() {
+        let digest =
+            Image::new(repository, "linux/amd64").push(&cluster.source, repository, Some("1"));
+        digests.push(digest);
+        let image = format!("{}/{repository}:1", cluster.source.host);
+        let object = if repository.starts_with("app/template") {
+            serde_json::json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": format!("web-{i}"), "namespace": namespace},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                         "template": {"metadata": {"labels": {"app": "web", "swap": swap}},
+                                      "spec": {"containers": [{"name": "c", "image": image}]}}},
+            })
+        } else {
+            let mut pod =
+                pod_recorded_by_hand(&format!("web-{i}"), &image, &cluster.mirror_of(repository));
+            pod["metadata"]["namespace"] = Value::from(*namespace);
+            pod["metadata"]["labels"]["swap"] = Value::from(*swap);
+            pod
+        };
+        cluster
+            .plane
+            .kubectl(&["create", "-f", "-"], Some(&object.to_string()));
+    }
+    for ((repository, _, _, filled), digest) in cases.iter().zip(&digests) {
+        if *filled {
+            assert!(
+                eventually(60, || cluster
+                    .mirror
+                    .digest_of(&format!("hub/{repository}"), "1")
+                    == Some(digest.clone())),
+                "{repository} is not filled"
+            );
+        }
+    }
+    // Everything was seen in the same lists; give the others' copies the time they would take.
+    std::thread::sleep(Duration::from_secs(3));
+    for (repository, namespace, swap, filled) in cases {
+        if !filled {
+            assert_eq!(
+                cluster.mirror.digest_of(&format!("hub/{repository}"), "1"),
+                None,
+                "{repository} (namespace {namespace}, swap={swap}) was filled"
+            );
+        }
+    }
+    drop(watch);
+}
+
 /// Creates in namespaces `covered` and `other` (`cover_only_covered`) the object `object` makes
 /// for an image of each, under a running watch: the covered one's image is filled; once
 /// `meanwhile` has run, the other's is not, until its namespace is labelled into the selector.
@@ -401,7 +478,11 @@ fn a_record_in_a_namespace_the_policy_does_not_cover_is_ignored() {
         &cluster,
         "record",
         |namespace, image| {
-            let mut pod = recorded_pod("web", &[image], &[image], &cluster.policy);
+            let repository = image
+                .strip_prefix(&format!("{}/", cluster.source.host))
+                .and_then(|path| path.strip_suffix(":1"))
+                .expect("a repository of the source");
+            let mut pod = pod_recorded_by_hand("web", image, &cluster.mirror_of(repository));
             pod["metadata"]["namespace"] = Value::from(namespace);
             pod
         },
@@ -598,8 +679,7 @@ fn the_check_role_s_reports_in_the_cluster_are_listed_and_filled() {
     let db = Image::new("db", "linux/amd64").push(&cluster.source, "app/db", Some("3"));
     let copy = |image: &str| {
         format!(
-            "{} docker://{source}/{image} docker://{mirror}/hub/{image}",
-            image_swapper_policy::plan::COPY_COMMAND
+            "skopeo copy --all --preserve-digests docker://{source}/{image} docker://{mirror}/hub/{image}"
         )
     };
     for (pod, image) in [("web", "app/web:2"), ("db", "app/db:3")] {
@@ -802,7 +882,6 @@ fn a_private_source_s_login_is_used_only_for_the_namespaces_listed_for_it() {
     let swap = settings(&far.host, &mirror.host);
     plane.install_policy_crd();
     plane.apply_swapping_policy("image-swapper", &swap);
-    let policy = policy(&swap);
     let ledger = Image::new("ledger", "linux/amd64").push(&private, "private/ledger", Some("1"));
     let payroll = Image::new("payroll", "linux/amd64").push(&private, "private/payroll", Some("1"));
     for (namespace, repository) in [("payroll", "private/ledger"), ("tenant", "private/payroll")] {
@@ -810,7 +889,11 @@ fn a_private_source_s_login_is_used_only_for_the_namespaces_listed_for_it() {
             "metadata": {"name": namespace}});
         plane.kubectl(&["create", "-f", "-"], Some(&object.to_string()));
         let image = format!("{}/{repository}:1", far.host);
-        let mut pod = recorded_pod("web", &[&image], &[&image], &policy);
+        let mut pod = pod_recorded_by_hand(
+            "web",
+            &image,
+            &rig::mirror_by_hand(&swap["mirrors"], &image),
+        );
         pod["metadata"]["namespace"] = Value::from(namespace);
         plane.kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
     }

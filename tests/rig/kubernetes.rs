@@ -20,6 +20,12 @@
 //! `kubernetes/client.rs`: only `get_resource` and `can_i` have a cache, 5 s), so every model
 //! shares this one.
 //!
+//! `can_i` answers from a grants table (a user's verbs on policies.kubewarden.io, as RBAC answers
+//! a SubjectAccessReview) through the host's 5 s cache of the same question (policy-evaluator
+//! v1.35.0 `can_i_cached`, `#[cached(time = 5)]`, unless `disable_cache`): a grant changed is
+//! seen 5 s after the question was last asked. Held against the real 1.35 in
+//! `tests/model_vs_host.rs` (`can_i_and_its_5_s_cache`).
+//!
 //! From kubewarden-controller v1.35.0: `crates/policy-evaluator/src/runtimes/callback.rs`
 //! (dispatch on `list_resources_all` / `list_resources_by_namespace`, the allow-list and its
 //! refusal text), `callback_handler/kubernetes/client.rs` (`list_resources_from_reflector`: the
@@ -29,7 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -44,6 +50,22 @@ struct ListRequest {
     label_selector: Option<String>,
     field_selector: Option<String>,
     field_masks: Option<Vec<String>>,
+}
+
+/// The host's `can_i` answers by request, with when each was asked.
+type CanICache = BTreeMap<Vec<u8>, (Instant, String)>;
+
+/// How long policy-server 1.35 answers the same `can_i` question from its cache.
+pub const CAN_I_CACHE: Duration = Duration::from_secs(5);
+
+/// One row of the grants table: `user` (`system:serviceaccount:<namespace>:<name>`) may use
+/// `verbs` on every kind of policies.kubewarden.io, through the ClusterRoleBinding `binding`
+/// to the ClusterRole of the same name.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub user: String,
+    pub binding: String,
+    pub verbs: Vec<String>,
 }
 
 /// What the PolicyServer's ServiceAccount may do with the kinds the policy lists (its RBAC).
@@ -87,6 +109,10 @@ pub struct Cluster {
     pub never: Duration,
     /// Objects added after the start ([`Cluster::add`]), seen by every copy of this cluster.
     added: Arc<Mutex<Vec<Value>>>,
+    /// The grants table `can_i` answers from ([`Cluster::grant`]), shared by every copy.
+    grants: Arc<Mutex<Vec<Grant>>>,
+    /// The host's cache of `can_i` answers.
+    can_i_answers: Arc<Mutex<CanICache>>,
     /// The process's reflectors, by id, each with the objects its store holds when it does not
     /// follow the cluster: shared by every copy, as one policy-server process shares them.
     reflectors: Arc<Mutex<BTreeMap<String, Vec<Value>>>>,
@@ -101,6 +127,8 @@ impl Default for Cluster {
             first_list: FIRST_LIST,
             never: NEVER,
             added: Arc::default(),
+            grants: Arc::default(),
+            can_i_answers: Arc::default(),
             reflectors: Arc::default(),
         }
     }
@@ -111,6 +139,7 @@ pub fn session_tag(operation: &str) -> Option<&'static str> {
     match operation {
         "list_resources_all" => Some("KubernetesListResourceAll"),
         "list_resources_by_namespace" => Some("KubernetesListResourceNamespace"),
+        "can_i" => Some("KubernetesCanI"),
         _ => None,
     }
 }
@@ -149,6 +178,54 @@ impl Cluster {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(object);
+    }
+
+    /// Sets the user's row of the grants table: seen by a `can_i` the cache does not answer.
+    pub fn grant(&self, grant: Grant) {
+        let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        grants.retain(|row| row.user != grant.user);
+        grants.push(grant);
+    }
+
+    /// The host's `can_i`: RBAC's SubjectAccessReview status from the grants table (allowed
+    /// with RBAC's reason, or refused without one, as RBAC leaves a refusal's reason empty),
+    /// the same question within [`CAN_I_CACHE`] of its last asking answered from the cache.
+    fn can_i(&self, payload: &[u8]) -> Result<String, String> {
+        // The SDK's `CanIRequest`: the SubjectAccessReview, and whether the cache may answer.
+        let request: Value = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+        let review = &request["subject_access_review"];
+        let field = |pointer: &str| review.pointer(pointer).and_then(Value::as_str);
+        let (Some(user), Some(verb)) = (field("/user"), field("/resource_attributes/verb")) else {
+            return Err(format!("not a CanIRequest: {request}"));
+        };
+        let mut cache = self.can_i_answers.lock().unwrap_or_else(|e| e.into_inner());
+        if request["disable_cache"] == json!(false)
+            && let Some((asked, answer)) = cache.get(payload)
+            && asked.elapsed() < CAN_I_CACHE
+        {
+            return Ok(answer.clone());
+        }
+        let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        let row = grants.iter().find(|row| {
+            row.user == user
+                && field("/resource_attributes/group") == Some("policies.kubewarden.io")
+                && row.verbs.iter().any(|granted| granted == verb)
+        });
+        let answer = match row {
+            Some(row) => {
+                let account = row
+                    .user
+                    .strip_prefix("system:serviceaccount:")
+                    .and_then(|account| account.split_once(':'))
+                    .map(|(namespace, name)| format!("{name}/{namespace}"))
+                    .unwrap_or_default();
+                json!({"allowed": true, "reason": format!("RBAC: allowed by ClusterRoleBinding \"{}\" of ClusterRole \"{}\" to ServiceAccount \"{account}\"", row.binding, row.binding)})
+            }
+            None => json!({"allowed": false}),
+        }
+        .to_string();
+        cache.insert(payload.to_vec(), (Instant::now(), answer.clone()));
+        Ok(answer)
     }
 
     /// Every object in the cluster now.
@@ -193,6 +270,9 @@ impl Cluster {
     /// The host's answer to `operation` with `payload`; the error text is the host's whole
     /// message as the guest receives it after the waPC wrapper.
     pub fn answer(&self, operation: &str, payload: &[u8]) -> Result<String, String> {
+        if operation == "can_i" {
+            return self.can_i(payload);
+        }
         let request: ListRequest = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
         let granted = self.granted.as_ref().is_none_or(|granted| {
             granted

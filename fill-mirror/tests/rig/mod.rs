@@ -87,6 +87,49 @@ pub fn recorded_pod(name: &str, images: &[&str], absent: &[&str], policy: &Polic
     pod
 }
 
+/// The record admission writes for container `c0` running `image` (by tag) when the mirror
+/// lacks it, written by hand in the form docs/decisions.md shows ("The record of images the
+/// mirror lacks"): `mirror` is the first target's image, and the copy goes by tag from the
+/// source to it. Not the policy crate's writer: a test holds the fill job's reading against the
+/// documented form, so a change of the writer and the reader together still fails.
+pub fn hand_written_record(image: &str, mirror: &str) -> String {
+    format!(
+        r#"{{"c0":{{"source":"{image}","mirror":"{mirror}","copy":"skopeo copy --all --preserve-digests docker://{image} docker://{mirror}"}}}}"#
+    )
+}
+
+/// Where `rules` (the settings' `mirrors`, each a `source` and a `target`) route `image`, by
+/// hand: the image's path under the first source it is under, kept under that rule's target.
+pub fn mirror_by_hand(rules: &Value, image: &str) -> String {
+    rules
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|rule| {
+            let path = image.strip_prefix(&format!("{}/", rule["source"].as_str()?))?;
+            Some(format!("{}/{path}", rule["target"].as_str()?))
+        })
+        .expect("a rule routes the image")
+}
+
+/// A Pod of namespace `default` running `image` (container `c0`), labelled and annotated with
+/// `hand_written_record(image, mirror)`.
+pub fn pod_recorded_by_hand(name: &str, image: &str, mirror: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
+            "annotations": {
+                "image-swapper.kubewarden.io/unmirrored-images": hand_written_record(image, mirror),
+            },
+        },
+        "spec": {"containers": [{"name": "c0", "image": image}]},
+    })
+}
+
 pub fn write_json(path: &Path, value: &Value) {
     std::fs::write(path, serde_json::to_vec_pretty(value).expect("JSON")).expect("write");
 }
