@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use crate::cli::Prune;
 use crate::credentials::Access;
+use crate::mirror_api::Mirror;
 use crate::referrers::Referrers;
 use crate::registry_http::RegistryHttp;
-use crate::retention::mirror::Mirror;
 use crate::retention::plan::{Deletion, Gone, Keep, Kept, Parameters, Plan, plan};
 use crate::retention::{inventory, say_duration, sets};
 
@@ -72,6 +72,7 @@ pub async fn prune(args: Prune) -> anyhow::Result<u8> {
     let access = Arc::new(Access::new(&args.access, args.insecure).await?);
     let http = RegistryHttp::new(access)?;
     let referrers = Referrers::new(http.clone());
+    let mirror = Mirror::new(http);
     let parameters = Parameters {
         now: Timestamp::now(),
         keep_for_seconds: args.keep_for,
@@ -87,12 +88,13 @@ pub async fn prune(args: Prune) -> anyhow::Result<u8> {
         registries: Vec::new(),
     };
     for (host, paths) in hosts {
-        let mirror = Mirror::new(http.clone(), &host);
-        let repository = &args.in_use_repository;
+        let in_use = &args.in_use_repository;
+        let repository = &format!("{host}/{in_use}");
         let read = async {
             let sets = sets::read_sets(&mirror, repository).await?;
             let ledger = sets::read_ledger(&mirror, repository).await?;
-            let inventory = inventory::inventory(&mirror, &referrers, &paths, repository).await?;
+            let inventory =
+                inventory::inventory(&mirror, &referrers, &host, &paths, in_use).await?;
             Ok::<_, String>(plan(&sets, &ledger, &inventory, &parameters))
         };
         let plan = read
@@ -111,7 +113,8 @@ pub async fn prune(args: Prune) -> anyhow::Result<u8> {
         };
         if args.delete {
             for deletion in &run.plan.delete {
-                match mirror.delete(&deletion.repository, &deletion.digest).await {
+                let at = format!("{host}/{}", deletion.repository);
+                match mirror.delete(&at, &deletion.digest).await {
                     Ok(()) => run.deleted.push(deletion.digest.clone()),
                     Err(error) => run.failed.push(Failure {
                         digest: deletion.digest.clone(),

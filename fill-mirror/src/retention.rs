@@ -1,11 +1,11 @@
 //! The retention's reading side and the prune: every cluster's in-use set and the prune's
-//! ledger read from the mirror (`sets`), the mirror's inventory (`inventory`), the decision as a
-//! pure function (`plan`), and the registry requests they make (`mirror`). The watch reads the
-//! sets' ages from here too, for the stale-set alert; only `fill-mirror prune` deletes.
+//! ledger read from the mirror (`sets`), the mirror's inventory (`inventory`) and the decision as
+//! a pure function (`plan`), over the mirror's client the watch shares (`mirror_api.rs`). The
+//! watch reads the sets' ages from here too, for the stale-set alert; only `fill-mirror prune`
+//! deletes.
 
 pub mod ages;
 pub mod inventory;
-pub mod mirror;
 pub mod plan;
 pub mod sets;
 

@@ -28,7 +28,8 @@ use crate::coverage::Coverage;
 use crate::in_use::{Scope, ScopeSender, Writers};
 use crate::metrics::{Health, Metrics};
 use crate::reports::{guards_from_cluster, report_copies, reports_from_cluster};
-use crate::retention::ages::{SetAges, pushed_hosts};
+use crate::retention::ages::SetAges;
+use crate::retention::sets::pushed_hosts;
 use crate::runner::lock;
 use crate::source::{
     check_policy_ids, created, policy_from_document, policy_resource, record_selector,

@@ -2,11 +2,10 @@
 //! workload templates and rollback ReplicaSets name, mapped to the mirror by the policy's own
 //! rules (`named.rs`), each tag looked up in the mirror and each digest's attached artifacts
 //! added (`resolve.rs`), merged with the set published before (`merge.rs`), and pushed into each
-//! mirror registry with an anchor tag on every digest (`publish.rs`, over `mirror.rs`). The
-//! record itself is `in_use_set.rs`, shared with the prune.
+//! mirror registry with an anchor tag on every digest (`publish.rs`), over the mirror's client
+//! the prune shares (`mirror_api.rs`). The record itself is `in_use_set.rs`, shared with it too.
 
 mod merge;
-mod mirror;
 mod named;
 mod publish;
 mod resolve;

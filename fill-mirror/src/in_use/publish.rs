@@ -5,7 +5,6 @@
 //! tag, with its own media type), and the set pushed to each mirror registry as an OCI
 //! artifact at `<registry>/<repository>:<cluster>`. Nothing is ever deleted here.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -15,18 +14,17 @@ use tokio::sync::watch;
 
 use crate::in_use_set::{self, InUseSet, anchor_tag};
 use crate::metrics::{Metrics, RegistryLabel};
+use crate::mirror_api::{Mirror, split_host};
+use crate::oci_artifact::push_artifact;
 use crate::referrers::Referrers;
 use crate::registry_http::RegistryHttp;
+use crate::retention::sets::{pushed_hosts, read_set};
 
 use super::merge::merged;
-use super::mirror::{Manifest, Mirror};
 use super::named::named;
 use super::resolve::{AT_ONCE, Found, resolve};
 use super::stores::{Stores, watch_pods};
 use super::{Retention, Scope};
-
-const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const EMPTY: &str = "application/vnd.oci.empty.v1+json";
 
 struct Publisher {
     retention: Retention,
@@ -81,8 +79,7 @@ impl Publisher {
         for failure in &found.failures {
             tracing::warn!(%failure, "a lookup of an image in use failed; what the set named before stays in it");
         }
-        let registries = registries(scope);
-        for registry in registries {
+        for registry in pushed_hosts(&scope.policy) {
             if let Err(error) = self.publish(&registry, &found, scope).await {
                 self.metrics
                     .in_use_publish_failures
@@ -98,7 +95,7 @@ impl Publisher {
         let cluster = self.retention.cluster.clone();
         // Read back at each pass, not only at start: a replica that leads again after another
         // led meanwhile, or a restart, starts from what the mirror holds.
-        let read = self.read_back(&repository).await?;
+        let read = read_set(&self.mirror, &repository, &cluster).await?;
         let seen = found.seen.get(registry).map_or(&[][..], Vec::as_slice);
         let previous = read.as_ref();
         let set = merged(
@@ -145,30 +142,6 @@ impl Publisher {
         Ok(())
     }
 
-    /// The set this cluster published before in `repository`, when there is one.
-    async fn read_back(&self, repository: &str) -> Result<Option<InUseSet>, String> {
-        let cluster = &self.retention.cluster;
-        let Some(manifest) = self.mirror.manifest(repository, cluster).await? else {
-            return Ok(None);
-        };
-        let value: serde_json::Value = serde_json::from_slice(&manifest.bytes)
-            .map_err(|error| format!("{repository}:{cluster}: {error}"))?;
-        let layer = value
-            .pointer("/layers/0/digest")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| format!("{repository}:{cluster}: no layer"))?;
-        let bytes = self.mirror.blob(repository, layer).await?;
-        let set: InUseSet = serde_json::from_slice(&bytes)
-            .map_err(|error| format!("{repository}:{cluster}'s set: {error}"))?;
-        if &set.cluster != cluster {
-            return Err(format!(
-                "{repository}:{cluster} holds the set of cluster {:?}: not overwritten",
-                set.cluster
-            ));
-        }
-        Ok(Some(set))
-    }
-
     /// Puts the anchor of `digest` in `repository` (`host/path`) unless the tag names it
     /// already (asked at each pass: a manifest deleted and copied again loses its tags); none
     /// in a pull-through cache, which takes no push.
@@ -200,7 +173,7 @@ impl Publisher {
         self.mirror
             .put_manifest(repository, &tag, &manifest)
             .await?;
-        let (registry, _) = super::resolve::split_host(repository);
+        let (registry, _) = split_host(repository);
         self.metrics
             .in_use_anchors
             .get_or_create(&label(registry))
@@ -211,28 +184,20 @@ impl Publisher {
     /// The set as an OCI artifact: the empty config, one layer of the set's JSON.
     async fn push_set(&self, repository: &str, set: &InUseSet) -> Result<(), String> {
         let json = serde_json::to_vec(set).map_err(|error| format!("the set: {error}"))?;
+        let mut annotations = serde_json::Map::new();
+        let created = serde_json::Value::String(set.published.to_string());
+        annotations.insert("org.opencontainers.image.created".to_string(), created);
         let layer = Bytes::from(json);
-        let empty = Bytes::from_static(b"{}");
-        let layer_digest = self.mirror.push_blob(repository, &layer).await?;
-        let empty_digest = self.mirror.push_blob(repository, &empty).await?;
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "artifactType": in_use_set::MEDIA_TYPE,
-            "config": {"mediaType": EMPTY, "digest": empty_digest, "size": empty.len(), "data": "e30="},
-            "layers": [{"mediaType": in_use_set::MEDIA_TYPE, "digest": layer_digest, "size": layer.len()}],
-            "annotations": {"org.opencontainers.image.created": set.published.to_string()},
-        });
-        let bytes =
-            Bytes::from(serde_json::to_vec(&manifest).map_err(|e| format!("the manifest: {e}"))?);
-        let manifest = Manifest {
-            digest: crate::digest::digest_of(&bytes),
-            bytes,
-            media_type: OCI_MANIFEST.to_string(),
-        };
-        self.mirror
-            .put_manifest(repository, &set.cluster, &manifest)
-            .await
+        let media_type = in_use_set::MEDIA_TYPE;
+        push_artifact(
+            &self.mirror,
+            repository,
+            &set.cluster,
+            media_type,
+            layer,
+            annotations,
+        )
+        .await
     }
 }
 
@@ -240,20 +205,6 @@ fn label(registry: &str) -> RegistryLabel {
     RegistryLabel {
         registry: registry.to_string(),
     }
-}
-
-/// The mirror registries a set is published to: the hosts of the targets, but for a host whose
-/// every target is a pull-through cache (it takes no push).
-fn registries(scope: &Scope) -> BTreeSet<String> {
-    let router = &scope.policy.router;
-    let pushed = router.rules.iter().flat_map(|rule| {
-        rule.targets
-            .iter()
-            .filter(|target| !target.pull_through)
-            .map(|target| target.prefix.host().to_string())
-    });
-    let defaults = router.default_mirrors.iter().map(|m| m.host().to_string());
-    pushed.chain(defaults).collect()
 }
 
 /// Whether `repository` (`host/path`) lies under a target marked `pullThrough`.

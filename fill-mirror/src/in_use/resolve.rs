@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures::StreamExt;
 use image_swapper_policy::policy::Policy;
 
+use crate::mirror_api::{Manifest, Mirror, split_host};
 use crate::referrers::{Referrers, index_digests};
 
 use super::merge::Seen;
-use super::mirror::{Manifest, Mirror};
 use super::named::{InMirror, Named, Pin, in_mirror};
 
 /// Requests to the mirror at once: a pass over many images takes a fraction of a period, and
@@ -29,11 +29,6 @@ pub struct Found {
     pub seen: BTreeMap<String, Vec<Seen>>,
     pub manifests: BTreeMap<String, Manifest>,
     pub failures: Vec<String>,
-}
-
-/// `host/path` split at the host.
-pub fn split_host(repository: &str) -> (&str, &str) {
-    repository.split_once('/').unwrap_or((repository, ""))
 }
 
 /// Looks every named image up in the mirror.

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::metrics::{Metrics, SetLabel};
+use crate::mirror_api::Mirror;
 use crate::registry_http::RegistryHttp;
-use crate::retention::mirror::Mirror;
 use crate::retention::sets::read_sets;
 
 pub struct SetAges {
@@ -28,9 +28,10 @@ impl SetAges {
     /// not answer keeps its last figures (their age then rises no more: its log line says why).
     pub async fn export(&self, hosts: &[String]) {
         let now = Timestamp::now();
+        let mirror = Mirror::new(self.http.clone());
         for host in hosts {
-            let mirror = Mirror::new(self.http.clone(), host);
-            match read_sets(&mirror, &self.repository).await {
+            let repository = format!("{host}/{}", self.repository);
+            match read_sets(&mirror, &repository).await {
                 Ok(sets) => {
                     let listed: BTreeSet<(String, String)> = sets
                         .iter()
@@ -67,21 +68,4 @@ impl SetAges {
             }
         }
     }
-}
-
-/// The mirror registries a policy pushes to (its targets' hosts, pull-through caches left out:
-/// nothing is published in them), each once.
-pub fn pushed_hosts(policy: &image_swapper_policy::policy::Policy) -> Vec<String> {
-    let router = &policy.router;
-    let mut hosts: Vec<String> = router
-        .rules
-        .iter()
-        .flat_map(|rule| rule.targets.iter())
-        .filter(|target| !target.pull_through)
-        .map(|target| target.prefix.host().to_string())
-        .chain(router.default_mirrors.iter().map(|p| p.host().to_string()))
-        .collect();
-    hosts.sort();
-    hosts.dedup();
-    hosts
 }

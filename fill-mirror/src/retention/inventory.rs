@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use futures::{StreamExt, TryStreamExt};
 
+use crate::mirror_api::Mirror;
 use crate::referrers::Referrers;
-use crate::retention::mirror::Mirror;
 use crate::retention::plan::{Manifest, Repository};
 
 /// Requests in flight at once while resolving tags.
@@ -27,24 +27,27 @@ pub fn pruned(repository: &str, paths: &[String], in_use_repository: &str) -> bo
         })
 }
 
-/// Every manifest of every repository of `mirror` under `paths`, with its tags and subject.
+/// Every manifest of every repository of the registry `host` under `paths`, with its tags
+/// and subject.
 pub async fn inventory(
     mirror: &Mirror,
     referrers: &Referrers,
+    host: &str,
     paths: &[String],
     in_use_repository: &str,
 ) -> Result<Vec<Repository>, String> {
     let mut repositories = Vec::new();
     // Once a registry answers that it serves no referrers API, it is not asked again.
     let mut serves_referrers = true;
-    for name in mirror.catalog().await? {
+    for name in mirror.catalog(host).await? {
         if !pruned(&name, paths, in_use_repository) {
             continue;
         }
-        let tags = mirror.tags(&name).await?;
+        let full = format!("{host}/{name}");
+        let tags = mirror.tags(&full).await?;
         let resolved: Vec<(String, Option<String>)> = futures::stream::iter(tags)
             .map(|tag| async {
-                let digest = mirror.resolve(&name, &tag).await?;
+                let digest = mirror.resolve(&full, &tag).await?;
                 Ok::<_, String>((tag, digest))
             })
             .buffered(AT_ONCE)
@@ -66,7 +69,6 @@ pub async fn inventory(
         }
         if serves_referrers {
             let subjects: Vec<String> = by_digest.keys().cloned().collect();
-            let full = format!("{}/{name}", mirror.host);
             for subject in subjects {
                 match referrers.list(&full, &subject).await? {
                     None => {

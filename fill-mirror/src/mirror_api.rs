@@ -1,27 +1,30 @@
-//! The registry requests the in-use set needs beyond a copy: a manifest read with its media
-//! type, the same bytes put under another tag (an anchor), a blob pushed and read (the set's
-//! layer). Over the binary's one HTTP client and logins (`registry_http.rs`), answering a
-//! registry's challenge as the referrers client does; distribution-spec's endpoints.
+//! The one client of a mirror registry's distribution API that the in-use set's publishing and
+//! the prune share: the catalog, tag lists, manifests read, resolved, put and deleted, blobs
+//! pushed and read. Over the binary's one HTTP client and logins (`registry_http.rs`),
+//! answering a registry's Basic or Bearer challenge as the referrers client does.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use bytes::Bytes;
-use http::Method;
-use http::header::{ACCEPT, CONTENT_TYPE, HeaderName, LOCATION};
+use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, LOCATION};
+use http::{HeaderMap, Method};
+
+mod lists;
 
 use crate::digest::digest_of;
 use crate::registry_http::{RegistryHttp, challenge, read_body};
 
 /// Every manifest type a mirror may hold: OCI and Docker, images and indexes.
-pub const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, \
+const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, \
 application/vnd.oci.image.manifest.v1+json, \
 application/vnd.docker.distribution.manifest.list.v2+json, \
 application/vnd.docker.distribution.manifest.v2+json";
 
-/// The most a manifest (or the set's layer) may hold: distribution refuses manifests over 4 MiB.
+/// The most a manifest may hold: distribution refuses manifests over 4 MiB.
 const MANIFEST_LIMIT: usize = 4 << 20;
-const SET_LIMIT: usize = 64 << 20;
+/// The most a blob read whole may hold (an in-use set's layer, the prune's ledger).
+const BLOB_LIMIT: usize = 64 << 20;
 
 /// A manifest as the registry serves it: its bytes (their digest is the manifest's), and the
 /// media type to send it back with.
@@ -35,14 +38,21 @@ pub struct Manifest {
 /// A registry's answer, its body read.
 struct Answer {
     status: u16,
-    headers: http::HeaderMap,
+    headers: HeaderMap,
     body: Bytes,
 }
 
+/// The mirror registries, and the `Authorization` each last challenge was answered with: a
+/// Bearer token under the repository (`host/path`) it was asked for (its scope), a Basic login
+/// under the host (it holds for every repository); the repository's first, then the host's.
 pub struct Mirror {
     http: RegistryHttp,
-    /// The `Authorization` last answered per repository (`host/path`), sent first next time.
     authorizations: Mutex<HashMap<String, String>>,
+}
+
+/// `host/path` split at the host (the path empty for a bare host).
+pub fn split_host(repository: &str) -> (&str, &str) {
+    repository.split_once('/').unwrap_or((repository, ""))
 }
 
 impl Mirror {
@@ -53,8 +63,10 @@ impl Mirror {
         }
     }
 
-    /// One request to `repository` (`host/path`) at `/v2/<path>/<rest>` (or at the absolute
-    /// `rest` a `Location` gave), answered with the login of the host when it asks for one.
+    /// One request about `repository` (`host/path`, or a bare host for the catalog) to
+    /// `/v2/<path>/<rest>`, to the absolute path `rest` (a `Link`'s, a `Location`'s) or to the
+    /// URL `rest`, answered with the login of the host when a challenge asks for one (again
+    /// when a Bearer token's scope does not cover this request: a deletion's, an upload's).
     async fn call(
         &self,
         method: Method,
@@ -64,9 +76,7 @@ impl Mirror {
         body: Bytes,
         limit: usize,
     ) -> Result<Answer, String> {
-        let (host, path) = repository
-            .split_once('/')
-            .ok_or_else(|| format!("{repository:?} names no registry host"))?;
+        let (host, path) = split_host(repository);
         let url = if rest.starts_with("http://") || rest.starts_with("https://") {
             rest.to_string()
         } else if rest.starts_with('/') {
@@ -78,7 +88,7 @@ impl Mirror {
             .authorizations
             .lock()
             .ok()
-            .and_then(|a| a.get(repository).cloned());
+            .and_then(|known| known.get(repository).or_else(|| known.get(host)).cloned());
         let mut answer = self
             .once(
                 method.clone(),
@@ -90,20 +100,27 @@ impl Mirror {
             )
             .await?;
         if answer.status == 401
-            && let Some(challenge) = answer.headers.get(http::header::WWW_AUTHENTICATE)
+            && let Some(asked) = answer.headers.get(http::header::WWW_AUTHENTICATE)
         {
-            let challenge = challenge.to_str().unwrap_or_default().to_string();
-            let authorization = self.http.authorize(&challenge, host).await?;
+            let asked = asked.to_str().unwrap_or_default().to_string();
+            let authorization = self.http.authorize(&asked, host).await?;
             answer = self
                 .once(method, &url, headers, Some(&authorization), body, limit)
                 .await?;
+            let under = if authorization.starts_with("Basic ") {
+                host
+            } else {
+                repository
+            };
             if let Ok(mut known) = self.authorizations.lock() {
-                known.insert(repository.to_string(), authorization);
+                known.insert(under.to_string(), authorization);
             }
         }
         Ok(answer)
     }
 
+    /// One request as it is, its body read (none for a HEAD); a challenge other than Basic or
+    /// Bearer is left out of the headers (nothing answers it).
     async fn once(
         &self,
         method: Method,
@@ -113,6 +130,7 @@ impl Mirror {
         body: Bytes,
         limit: usize,
     ) -> Result<Answer, String> {
+        let head = method == Method::HEAD;
         let response = self
             .http
             .request(method, url, headers, body, authorization)
@@ -122,12 +140,41 @@ impl Mirror {
         if challenge(&response).is_none() {
             headers.remove(http::header::WWW_AUTHENTICATE);
         }
-        let body = read_body(response, url, limit).await?;
+        let body = if head {
+            Bytes::new()
+        } else {
+            read_body(response, url, limit).await?
+        };
         Ok(Answer {
             status,
             headers,
             body,
         })
+    }
+
+    /// The digest `repository:reference` names, or None when it names nothing.
+    pub async fn resolve(
+        &self,
+        repository: &str,
+        reference: &str,
+    ) -> Result<Option<String>, String> {
+        let rest = format!("manifests/{reference}");
+        let accept = [(ACCEPT, MANIFEST_TYPES)];
+        let answer = self
+            .call(Method::HEAD, repository, &rest, &accept, Bytes::new(), 0)
+            .await?;
+        match answer.status {
+            200 => answer
+                .headers
+                .get("docker-content-digest")
+                .and_then(|v| v.to_str().ok())
+                .map(|digest| Some(digest.to_string()))
+                .ok_or_else(|| {
+                    format!("HEAD {repository}/{rest}: 200 without a Docker-Content-Digest")
+                }),
+            404 => Ok(None),
+            status => Err(format!("HEAD {repository}/{rest}: {status}")),
+        }
     }
 
     /// The manifest `reference` (a tag or a digest) names in `repository`; none when the
@@ -138,12 +185,13 @@ impl Mirror {
         reference: &str,
     ) -> Result<Option<Manifest>, String> {
         let rest = format!("manifests/{reference}");
+        let accept = [(ACCEPT, MANIFEST_TYPES)];
         let answer = self
             .call(
                 Method::GET,
                 repository,
                 &rest,
-                &[(ACCEPT, MANIFEST_TYPES)],
+                &accept,
                 Bytes::new(),
                 MANIFEST_LIMIT,
             )
@@ -187,13 +235,15 @@ impl Mirror {
         manifest: &Manifest,
     ) -> Result<(), String> {
         let rest = format!("manifests/{tag}");
+        let content_type = [(CONTENT_TYPE, manifest.media_type.as_str())];
+        let bytes = manifest.bytes.clone();
         let answer = self
             .call(
                 Method::PUT,
                 repository,
                 &rest,
-                &[(CONTENT_TYPE, &manifest.media_type)],
-                manifest.bytes.clone(),
+                &content_type,
+                bytes,
                 MANIFEST_LIMIT,
             )
             .await?;
@@ -206,53 +256,82 @@ impl Mirror {
         }
     }
 
-    /// Pushes `bytes` as a blob of `repository` unless it holds it (a monolithic upload:
-    /// POST, then PUT with the digest).
-    pub async fn push_blob(&self, repository: &str, bytes: &Bytes) -> Result<String, String> {
-        let digest = digest_of(bytes);
-        let head = self
+    /// Deletes the manifest `digest` of `repository`, with every tag that names it; one gone
+    /// already is not a failure. distribution answers 405 where deletion is not enabled.
+    pub async fn delete(&self, repository: &str, digest: &str) -> Result<(), String> {
+        let rest = format!("manifests/{digest}");
+        let answer = self
             .call(
-                Method::HEAD,
+                Method::DELETE,
                 repository,
-                &format!("blobs/{digest}"),
-                &[],
-                Bytes::new(),
-                0,
-            )
-            .await?;
-        if head.status == 200 {
-            return Ok(digest);
-        }
-        let started = self
-            .call(
-                Method::POST,
-                repository,
-                "blobs/uploads/",
+                &rest,
                 &[],
                 Bytes::new(),
                 MANIFEST_LIMIT,
             )
             .await?;
-        let location = match (started.status, started.headers.get(LOCATION)) {
-            (202, Some(location)) => location.to_str().unwrap_or_default().to_string(),
-            (status, _) => {
-                return Err(format!(
-                    "POST {repository}/blobs/uploads/: {status}, no upload location"
-                ));
-            }
-        };
+        match answer.status {
+            202 | 200 | 404 => Ok(()),
+            405 => Err(format!(
+                "DELETE {repository}/{rest}: 405, the registry does not allow deletions (distribution: storage.delete.enabled, REGISTRY_STORAGE_DELETE_ENABLED=true)"
+            )),
+            status => Err(format!("DELETE {repository}/{rest}: {status}")),
+        }
+    }
+
+    /// Pushes `bytes` as a blob of `repository` unless it holds it (a monolithic upload: POST,
+    /// then PUT with the digest, never to another origin than the registry's: the login would
+    /// go with it).
+    pub async fn push_blob(&self, repository: &str, bytes: &Bytes) -> Result<String, String> {
+        let digest = digest_of(bytes);
+        let blob = format!("blobs/{digest}");
+        let head = self
+            .call(Method::HEAD, repository, &blob, &[], Bytes::new(), 0)
+            .await?;
+        if head.status == 200 {
+            return Ok(digest);
+        }
+        let start = "blobs/uploads/";
+        let started = self
+            .call(
+                Method::POST,
+                repository,
+                start,
+                &[],
+                Bytes::new(),
+                MANIFEST_LIMIT,
+            )
+            .await?;
+        let location = started
+            .headers
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .filter(|_| started.status == 202)
+            .ok_or_else(|| {
+                format!(
+                    "POST {repository}/{start}: {}, no upload location",
+                    started.status
+                )
+            })?;
+        let origin = self.http.origin(split_host(repository).0);
+        if location.contains("://") && !location.starts_with(&format!("{origin}/")) {
+            return Err(format!(
+                "POST {repository}/{start}: the upload's Location is another origin ({location}): not followed"
+            ));
+        }
         let separator = if location.contains('?') { '&' } else { '?' };
         let at = format!("{location}{separator}digest={digest}");
         let length = bytes.len().to_string();
+        let octets = [
+            (CONTENT_TYPE, "application/octet-stream"),
+            (CONTENT_LENGTH, length.as_str()),
+        ];
         let put = self
             .call(
                 Method::PUT,
                 repository,
                 &at,
-                &[
-                    (CONTENT_TYPE, "application/octet-stream"),
-                    (http::header::CONTENT_LENGTH, &length),
-                ],
+                &octets,
                 bytes.clone(),
                 MANIFEST_LIMIT,
             )
@@ -268,14 +347,21 @@ impl Mirror {
     pub async fn blob(&self, repository: &str, digest: &str) -> Result<Bytes, String> {
         let rest = format!("blobs/{digest}");
         let mut answer = self
-            .call(Method::GET, repository, &rest, &[], Bytes::new(), SET_LIMIT)
+            .call(
+                Method::GET,
+                repository,
+                &rest,
+                &[],
+                Bytes::new(),
+                BLOB_LIMIT,
+            )
             .await?;
         if matches!(answer.status, 301 | 302 | 303 | 307 | 308)
             && let Some(location) = answer.headers.get(LOCATION).and_then(|l| l.to_str().ok())
         {
             let location = location.to_string();
             answer = self
-                .once(Method::GET, &location, &[], None, Bytes::new(), SET_LIMIT)
+                .once(Method::GET, &location, &[], None, Bytes::new(), BLOB_LIMIT)
                 .await?;
         }
         if answer.status != 200 {
