@@ -231,12 +231,20 @@ SECTIONS = [
 
 
 def section(text, heading):
-    """The text under heading, up to the next heading of its level or above."""
+    """The text under heading, up to the next heading of its level or above (a shell comment in
+    a fenced block is not a heading)."""
     level = heading.split()[0]
     lines = text.splitlines(keepends=True)
+    fenced, in_fence = set(), False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            in_fence = not in_fence
+        elif in_fence:
+            fenced.add(i)
     start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == heading)
     end = next((i for i in range(start + 1, len(lines))
-                if lines[i].startswith("#") and len(lines[i].split()[0]) <= len(level)
+                if i not in fenced and lines[i].startswith("#")
+                and len(lines[i].split()[0]) <= len(level)
                 and set(lines[i].split()[0]) == {"#"}), len(lines))
     return "".join(lines[start + 1:end])
 
