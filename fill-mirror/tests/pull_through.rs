@@ -22,7 +22,7 @@ use rig::proxy::LatencyProxy;
 use rig::pull_through::TagFilledCache;
 use rig::read_only::run_with_read_only_tmpdir;
 use rig::registry::{TestRegistry, sha256};
-use rig::{fill_mirror, policy, recorded_pod, run, text, write_json};
+use rig::{fill_mirror, pod_with_entry_by_hand, run, text, write_json};
 use serde_json::{Value, json};
 
 /// The upstream's distance from the cache.
@@ -74,11 +74,10 @@ impl Chain {
         more: &[&str],
         read_only_tmpdir: Option<&Path>,
     ) -> (Option<i32>, String) {
-        let policy = policy(settings);
         let items: Vec<Value> = images
             .iter()
             .enumerate()
-            .map(|(i, image)| recorded_pod(&format!("p{i}"), &[image], &[image], &policy))
+            .map(|(i, image)| pod_with_entry_by_hand(&format!("p{i}"), image, &settings["mirrors"]))
             .collect();
         let pods = self.dir.path().join("pods.json");
         let settings_path = self.dir.path().join("settings.json");
@@ -329,12 +328,11 @@ fn an_ecr_like_cache_is_filled_by_the_tag_and_a_moved_tag_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
     let settings =
         json!({"mirrors": [{"source": upstream.host, "target": cache.host, "pullThrough": true}]});
-    let policy = policy(&settings);
     let pinned = format!("{}/team/kept:1@{kept}", upstream.host);
     let moved = format!("{}/team/moved:2@{old}", upstream.host);
     let pods: Vec<Value> = [("kept", &pinned), ("moved", &moved)]
         .iter()
-        .map(|(name, image)| recorded_pod(name, &[image], &[image], &policy))
+        .map(|(name, image)| pod_with_entry_by_hand(name, image, &settings["mirrors"]))
         .collect();
     write_json(&dir.path().join("pods.json"), &json!({"items": pods}));
     write_json(&dir.path().join("settings.json"), &settings);
@@ -526,7 +524,6 @@ fn the_watch_warms_the_platforms_of_the_nodes_it_follows() {
     let plane = ControlPlane::start(tools);
     let chain = Chain::start("nodes");
     let settings = chain.settings(true);
-    let policy = policy(&settings);
     plane.install_policy_crd();
     plane.apply_swapping_policy("image-swapper", &settings);
     let arm = node("arm", "linux", "arm64", true);
@@ -554,7 +551,7 @@ fn the_watch_warms_the_platforms_of_the_nodes_it_follows() {
     };
     let create_pod = |name: &str, tag: &str| {
         let image = format!("{}/team/web:{tag}", chain.upstream.host);
-        let pod = recorded_pod(name, &[&image], &[&image], &policy);
+        let pod = pod_with_entry_by_hand(name, &image, &settings["mirrors"]);
         plane.kubectl(&["create", "-f", "-"], Some(&pod.to_string()));
     };
     let first = push("web 1", "1");
@@ -763,7 +760,7 @@ fn measure_the_warming_of_a_multi_arch_image() {
     let image = format!("{}/team/big:new", chain.upstream.host);
     write_json(
         &pods,
-        &json!({"items": [recorded_pod("p", &[&image], &[&image], &policy(&settings))]}),
+        &json!({"items": [pod_with_entry_by_hand("p", &image, &settings["mirrors"])]}),
     );
     write_json(&settings_path, &settings);
     let tmpdir = tempfile::tempdir().expect("a temporary folder");

@@ -69,24 +69,6 @@ pub fn policy(settings: &Value) -> Policy {
     Policy::from_settings(&parsed).expect("valid settings")
 }
 
-/// A Pod running `images` (container `c0`, `c1`, ...), with the record admission writes when
-/// the mirror lacks `absent`: written by the policy crate's own writer.
-pub fn recorded_pod(name: &str, images: &[&str], absent: &[&str], policy: &Policy) -> Value {
-    let containers: Vec<Value> = images
-        .iter()
-        .enumerate()
-        .map(|(i, image)| json!({"name": format!("c{i}"), "image": image}))
-        .collect();
-    let mut pod = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"containers": containers},
-    });
-    image_swapper_policy::plan::write_record(&mut pod, absent, policy);
-    pod
-}
-
 /// The record admission writes for container `c0` running `image` (by tag) when the mirror
 /// lacks it, written by hand in the form docs/decisions.md shows ("The record of images the
 /// mirror lacks"): `mirror` is the first target's image, and the copy goes by tag from the
@@ -125,6 +107,56 @@ pub fn pod_recorded_by_hand(name: &str, image: &str, mirror: &str) -> Value {
             "annotations": {
                 "image-swapper.kubewarden.io/unmirrored-images": hand_written_record(image, mirror),
             },
+        },
+        "spec": {"containers": [{"name": "c0", "image": image}]},
+    })
+}
+
+/// The record admission writes for container `c0` running `image` (host explicit) when the
+/// mirror lacks it, under the settings' `mirrors` `rules`, written by hand in the form
+/// docs/decisions.md shows: an image by tag is copied to the mirror's tag; a pinned image
+/// (`repository:tag@digest`) is recorded as the mirror's repository at that digest, copied by
+/// digest to a tag of its own, `sha256-<hex>` ("a pinned image by digest to a tag of its own").
+pub fn hand_written_entry(image: &str, rules: &Value) -> Value {
+    let mirror = mirror_by_hand(rules, image);
+    let Some((named, digest)) = image.split_once('@') else {
+        return json!({
+            "source": image,
+            "mirror": mirror,
+            "copy": format!("skopeo copy --all --preserve-digests docker://{image} docker://{mirror}"),
+        });
+    };
+    let repository_of = |named: &str| -> String {
+        let (path, last) = named.rsplit_once('/').unwrap_or(("", named));
+        let last = last.split_once(':').map_or(last, |(name, _tag)| name);
+        format!("{path}/{last}")
+    };
+    let (source, mirror) = (
+        repository_of(named),
+        repository_of(mirror.split('@').next().unwrap_or(&mirror)),
+    );
+    json!({
+        "source": image,
+        "mirror": format!("{mirror}@{digest}"),
+        "copy": format!(
+            "skopeo copy --all --preserve-digests docker://{source}@{digest} docker://{mirror}:{}",
+            digest.replace(':', "-")
+        ),
+    })
+}
+
+/// A Pod of namespace `default` running `image` (container `c0`), labelled and annotated with
+/// [`hand_written_entry`] under the settings' `mirrors` `rules`.
+pub fn pod_with_entry_by_hand(name: &str, image: &str, rules: &Value) -> Value {
+    let record = json!({"c0": hand_written_entry(image, rules)});
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"image-swapper.kubewarden.io/unmirrored": "true"},
+            "annotations": {"image-swapper.kubewarden.io/unmirrored-images": record.to_string()},
         },
         "spec": {"containers": [{"name": "c0", "image": image}]},
     })
