@@ -1,7 +1,7 @@
 //! `make bench`'s fill-mirror figures, in a real chain: the real kube-apiserver (the real tools),
 //! `fill-mirror watch` as the Deployment runs it (the release of the bench's build), skopeo, and
 //! real registries on loopback, the source 20 ms away and the mirror 5 ms away behind the rig's
-//! network proxy. Pods carry the record admission writes (the policy crate's own writer); the
+//! network proxy. Pods carry the record admission writes (in the documented form, by hand); the
 //! clock starts when the Pod's create is sent. Figures, never asserts on time:
 //!
 //! - the first Pod's image in the mirror, one new image at a time (median of 20);
@@ -22,7 +22,7 @@ use rig::images::Image;
 use rig::plane::{ControlPlane, find_tools};
 use rig::proxy::LatencyProxy;
 use rig::registry::TestRegistry;
-use rig::{fill_mirror, policy, recorded_pod, settings};
+use rig::{fill_mirror, pod_with_entry_by_hand, settings};
 use serde_json::{Value, json};
 
 const LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
@@ -39,7 +39,8 @@ struct Chain {
     mirror: TestRegistry,
     source_far: LatencyProxy,
     mirror_far: LatencyProxy,
-    policy: image_swapper_policy::policy::Policy,
+    /// The settings' `mirrors`, which route each recorded image to the mirror.
+    rules: serde_json::Value,
     watch: Child,
     metrics: String,
 }
@@ -83,7 +84,7 @@ impl Chain {
             .spawn()
             .expect("start fill-mirror watch");
         let chain = Chain {
-            policy: policy(&settings),
+            rules: settings["mirrors"].clone(),
             plane,
             source,
             mirror,
@@ -107,7 +108,7 @@ impl Chain {
 
     fn pod(&self, name: &str, repository: &str) -> Value {
         let image = format!("{}/{repository}:1", self.source_far.host);
-        recorded_pod(name, &[&image], &[&image], &self.policy)
+        pod_with_entry_by_hand(name, &image, &self.rules)
     }
 
     fn create(&self, pods: Vec<Value>) {
