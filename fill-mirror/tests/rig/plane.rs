@@ -82,7 +82,7 @@ impl ControlPlane {
         ));
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data).expect("data folder");
-        let plane = ControlPlane {
+        let mut plane = ControlPlane {
             kubeconfig: data.join("admin.kubeconfig"),
             tools,
             data,
@@ -90,11 +90,33 @@ impl ControlPlane {
             apiserver_args: apiserver_args.to_string(),
             controller_manager,
         };
+        // A port found free can be taken before etcd or the API server binds it (a client's
+        // ephemeral port, another test's plane, more likely with test binaries run at once):
+        // start.sh then stops what it started, and the plane starts again on other ports,
+        // three times at most.
+        for _ in 1..3 {
+            match plane.start_sh() {
+                Ok(()) => return plane,
+                Err(said) if said.contains("already in use") => {
+                    plane.down();
+                    let _ = std::fs::remove_dir_all(&plane.data);
+                    std::fs::create_dir_all(&plane.data).expect("data folder");
+                    plane.ports = [free_port(), free_port(), free_port(), free_port()];
+                }
+                Err(said) => panic!("start.sh: {said}"),
+            }
+        }
         plane.up();
         plane
     }
 
     fn up(&self) {
+        if let Err(said) = self.start_sh() {
+            panic!("start.sh: {said}");
+        }
+    }
+
+    fn start_sh(&self) -> Result<(), String> {
         let [kube, etcd, peer, kcm] = self.ports;
         let output = Command::new(self.tools.join("start.sh"))
             .arg(&self.data)
@@ -108,12 +130,14 @@ impl ControlPlane {
             .env("KUBECONFIG_OUT", &self.kubeconfig)
             .output()
             .expect("start.sh");
-        assert!(
-            output.status.success(),
-            "start.sh: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        match output.status.success() {
+            true => Ok(()),
+            false => Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )),
+        }
     }
 
     fn down(&self) {
