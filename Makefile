@@ -45,15 +45,24 @@ test-deps: deps
 # the longest one's time. Each run's log is printed whole once all have ended, under the command
 # that made it (1.35's as plain `cargo test`, the default model), and any failing fails the
 # target. tests/distance.rs runs every model itself. The examples are built for tests/docs.rs,
-# which runs `make run`'s binary.
+# which runs `make run`'s binary. Before them, the near tests and fill-mirror's run at once, for
+# the same reason (most of their time is kube-apiserver, the node and the relays' waits), each
+# log printed whole after both, under its command.
 FAR_NAMES := verify_source audit prune_wave
 FAR_TESTS := $(addprefix --test ,$(FAR_NAMES))
 NEAR_TESTS := $(addprefix --test ,$(filter-out $(FAR_NAMES),$(basename $(notdir $(wildcard tests/*.rs)))))
 FAR_MODELS := 1.35 1.31 1.38
 test: test-deps tools policy.wasm
 	$(CARGO) build --locked --examples
-	$(CARGO) test --locked --lib $(NEAR_TESTS)
-	$(CARGO) test --locked -p fill-mirror
+	$(CARGO) test --locked --no-run --lib $(NEAR_TESTS)
+	$(CARGO) test --locked --no-run -p fill-mirror
+	@failed=0; \
+	$(CARGO) test --locked --lib $(NEAR_TESTS) >target/near-tests.log 2>&1 & \
+	$(CARGO) test --locked -p fill-mirror >target/fill-mirror-tests.log 2>&1 & \
+	wait -n || failed=1; wait -n || failed=1; \
+	echo "$(CARGO) test --locked --lib $(NEAR_TESTS)"; cat target/near-tests.log; \
+	echo "$(CARGO) test --locked -p fill-mirror"; cat target/fill-mirror-tests.log; \
+	exit $$failed
 	@$(CARGO) test --locked --no-run $(FAR_TESTS) 2>/dev/null
 	@failed=0; \
 	for model in $(FAR_MODELS); do \
