@@ -80,7 +80,10 @@ impl World {
     /// A named fresh by "one", anchored by "one"; F named fresh by "two", anchored by "two"; E
     /// anchored by "one" and by "two", named by no set now, and last by "one" 40 days ago as the
     /// prune's ledger remembers (its watch dropped it since); then `old` more images anchored by
-    /// "one" that the ledger remembers "one" named that many days ago. Each tagged 1.0 too.
+    /// "one" that the ledger remembers "one" named that many days ago. C anchored by "one",
+    /// whose set still names it, last 40 days ago (its watch keeps it longer than the prune's
+    /// age); D anchored by "one", dropped from its set, named 10 days ago by the ledger. Each
+    /// tagged 1.0 too.
     /// "two"'s set published `two_published` seconds ago. `untags`: through the front
     /// that deletes tags, else straight to distribution 2.8.
     fn start(name: &str, two_published: i64, old: &[i64], untags: bool) -> World {
@@ -113,8 +116,12 @@ impl World {
             remembered.push(world.remembered(&name, days));
         }
         world.add("A", &["one"]);
+        world.add("C", &["one"]);
+        world.add("D", &["one"]);
+        remembered.push(world.remembered("D", 10));
         world.add("F", &["two"]);
-        world.push_set("one", 30, &[world.entry("A", 0)]);
+        let one = [world.entry("A", 0), world.entry("C", 40)];
+        world.push_set("one", 30, &one);
         world.push_set("two", two_published, &[world.entry("F", 0)]);
         let ledger = format!(r#"{{"images":[{}]}}"#, remembered.join(","));
         world.push_artifact(LEDGER, LEDGER_TYPE, &ledger);
@@ -250,6 +257,17 @@ fn a_delete_run_removes_every_stale_anchor_and_only_those_and_the_image_still_pu
     assert!(
         world.anchored("F", "two"),
         "F's anchor went: {}",
+        out(&output)
+    );
+    let kept = |name: &str| world.anchored(name, "one");
+    assert!(
+        kept("C"),
+        "C's anchor went while its set names it: {}",
+        out(&output)
+    );
+    assert!(
+        kept("D"),
+        "D's anchor went within the age: {}",
         out(&output)
     );
     for name in ["E", "A", "F"] {
