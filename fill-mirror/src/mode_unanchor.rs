@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
 use crate::cli::Prune;
-use crate::credentials::Access;
+use crate::credentials::{Access, ecr_host};
 use crate::mirror_api::Mirror;
 use crate::mode_prune::{BLOCKED, by_host, say_blocked, say_gone, say_kept};
 use crate::referrers::Referrers;
@@ -54,6 +54,15 @@ struct Report {
 
 pub async fn unanchor(args: Prune) -> anyhow::Result<u8> {
     let hosts = by_host(&args.mirror)?;
+    for host in hosts.keys() {
+        let named = args.access.ecr_registries.iter().any(|ecr| ecr == host);
+        anyhow::ensure!(
+            !named && ecr_host(host).is_none(),
+            "--mirror {host}: an ECR registry, which --unanchor-only does not act on: ECR lists no \
+             catalog, and removing an image's last tag deletes the image; its lifecycle policy's \
+             anchor rule keeps what is anchored (docs/retention.md, EKS with ECR)"
+        );
+    }
     let access = Arc::new(Access::new(&args.access, args.insecure).await?);
     let http = RegistryHttp::new(access)?;
     let referrers = Referrers::new(http.clone());
