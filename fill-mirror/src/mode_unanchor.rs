@@ -198,11 +198,17 @@ fn lines(report: &Report) -> String {
             ));
         }
         let anchors: usize = run.plan.unanchor.iter().map(|u| u.anchors.len()).sum();
+        let removed = if report.dry_run {
+            anchors
+        } else {
+            run.removed.len()
+        };
+        let digests = run.plan.unanchor.len();
         out.push_str(&format!(
-            "summary {host}: {} kept, {} anchors of {} digests {}, {} held, {} failed, {} stale sets (--keep-for {})\n",
+            "summary {host}: {} kept, {removed} anchor{} of {digests} digest{} {}, {} held, {} failed, {} stale sets (--keep-for {})\n",
             run.plan.kept.len(),
-            if report.dry_run { anchors } else { run.removed.len() },
-            run.plan.unanchor.len(),
+            if removed == 1 { "" } else { "s" },
+            if digests == 1 { "" } else { "s" },
             if report.dry_run {
                 "would be removed"
             } else {
