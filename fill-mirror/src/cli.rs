@@ -103,7 +103,8 @@ pub struct Prune {
     /// use what it no longer says).
     #[arg(long, default_value = "1h", value_parser = crate::retention::parse_duration)]
     pub stale_after: i64,
-    /// The most manifests one run deletes (oldest first).
+    /// The most manifests one run deletes (oldest first); with --unanchor-only, the most
+    /// digests whose anchors it removes.
     #[arg(long, default_value_t = 20)]
     pub max_deletions: usize,
     /// Delete: without it the run only says what it would delete (or unanchor), and why.
