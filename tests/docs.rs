@@ -2439,3 +2439,63 @@ fn the_prune_runs_dry_with_its_own_login_and_no_kubernetes_rights() {
     }
     assert!(pruning >= 1, "no overlay renders the prune");
 }
+
+/// The component `deploy/registry/unanchor`, turned on as the overlay's comment says, makes the
+/// prune's CronJob remove anchors only: `--unanchor-only` among its arguments, the overlay's
+/// mirror still the one it prunes under.
+#[test]
+fn the_unanchor_component_turns_the_prune_into_anchor_removal_under_the_overlays_mirror() {
+    let dir = std::env::temp_dir().join(format!("unanchor-component-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let copy = Command::new("cp")
+        .arg("-r")
+        .arg(rig::root().join("deploy"))
+        .arg(&dir)
+        .status()
+        .expect("cp");
+    assert!(copy.success());
+    let overlay = dir.join("deploy/registry");
+    let kustomization = std::fs::read_to_string(overlay.join("kustomization.yaml")).expect("read");
+    let commented = "# components:\n#   - unanchor ";
+    assert!(
+        kustomization.contains(commented),
+        "deploy/registry/kustomization.yaml no longer shows the component as {commented:?}"
+    );
+    let on = kustomization
+        .replace(commented, "components:\n  - unanchor ")
+        .replace(
+            "mirror=mirror.example.com/dockerhub",
+            "mirror=other.example.org/hub",
+        );
+    std::fs::write(overlay.join("kustomization.yaml"), on).expect("write");
+    let output = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()
+        .expect("kubectl");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "{output:?}");
+    let prune = serde_yaml::Deserializer::from_slice(&output.stdout)
+        .map(|document| {
+            let value: serde_json::Value =
+                serde::Deserialize::deserialize(document).expect("rendered YAML");
+            value
+        })
+        .find(|d| d["kind"] == "CronJob" && d["metadata"]["name"] == "mirror-prune")
+        .expect("the CronJob mirror-prune");
+    let args = &prune["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"];
+    let args: Vec<&str> = (args.as_array().expect("args").iter())
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert_eq!(
+        &args[..3],
+        ["prune", "--mirror", "other.example.org/hub"],
+        "{args:?}"
+    );
+    assert!(args.contains(&"--unanchor-only"), "{args:?}");
+    assert!(
+        !args.contains(&"--delete"),
+        "a dry run until the user adds --delete: {args:?}"
+    );
+}

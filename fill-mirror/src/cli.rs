@@ -80,8 +80,8 @@ pub enum Mode {
         #[command(flatten)]
         retention: RetentionArgs,
     },
-    /// Delete from a plain mirror what no cluster's in-use set has named for --keep-for (a dry
-    /// run unless --delete); exit 0 when it ran, 1 when a deletion failed, 2 when it could not
+    /// Delete from a plain mirror what no cluster's in-use set has named for --keep-for, or with
+    /// --unanchor-only remove only its anchor tags (a dry run unless --delete); exit 0 when it ran, 1 when a deletion failed, 2 when it could not
     /// run, 3 when a stale set blocked every deletion.
     Prune(Prune),
 }
@@ -103,12 +103,19 @@ pub struct Prune {
     /// use what it no longer says).
     #[arg(long, default_value = "1h", value_parser = crate::retention::parse_duration)]
     pub stale_after: i64,
-    /// The most manifests one run deletes (oldest first).
+    /// The most manifests one run deletes (oldest first); with --unanchor-only, the most
+    /// digests whose anchors it removes.
     #[arg(long, default_value_t = 20)]
     pub max_deletions: usize,
-    /// Delete: without it the run only says what it would delete, and why.
+    /// Delete: without it the run only says what it would delete (or unanchor), and why.
     #[arg(long)]
     pub delete: bool,
+    /// Where the registry's own rules delete (ECR lifecycle, Artifact Registry cleanup, Harbor
+    /// retention): remove only the anchor tags `inuse-*` of what no fresh set has named for
+    /// --keep-for, so those rules expire it; never delete a manifest. --max-deletions then
+    /// bounds the digests unanchored in a run.
+    #[arg(long)]
+    pub unanchor_only: bool,
     /// The plan as lines a person reads, or as one JSON object.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub output: String,

@@ -21,6 +21,7 @@ use anyhow::Context;
 use image_swapper_policy::reference::Reference;
 
 use auth_file::{merge, read_user_file, write_private};
+pub use ecr::ecr_host;
 use ecr::{Ecr, ecr_clients, ecr_token};
 use gar::{METADATA_HOST, gar_token};
 pub use source_namespaces::SourceNamespaces;

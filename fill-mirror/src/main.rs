@@ -5,7 +5,8 @@
 //! Modes: `watch` (a Deployment: follows the Pods and the settings), `once` (a CronJob or a
 //! person: one pass, exit 0 when every copy was made or is there or its source is gone, 1 when
 //! one failed, 2 when the run could not run), `list` (prints the copies, copies nothing),
-//! `prune` (a CronJob: deletes from a plain mirror what no cluster's in-use set names).
+//! `prune` (a CronJob: deletes from a plain mirror what no cluster's in-use set names, or with
+//! `--unanchor-only` removes only its anchor tags where the registry's own rules delete).
 mod attached;
 mod board;
 mod cli;
@@ -20,6 +21,7 @@ mod metrics;
 mod mirror_api;
 mod mode_once;
 mod mode_prune;
+mod mode_unanchor;
 mod mode_watch;
 mod oci_artifact;
 mod platforms;
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
                 copying,
                 election,
             } => mode_once::once(input, copying, election).await,
+            Mode::Prune(args) if args.unanchor_only => mode_unanchor::unanchor(args).await,
             Mode::Prune(args) => mode_prune::prune(args).await,
             Mode::Watch {
                 settings,

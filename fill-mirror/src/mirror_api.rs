@@ -11,6 +11,7 @@ use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, LOCATION};
 use http::{HeaderMap, Method};
 
 mod lists;
+mod untag;
 
 use crate::digest::digest_of;
 use crate::registry_http::{RegistryHttp, challenge, read_body};

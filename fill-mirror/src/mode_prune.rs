@@ -15,7 +15,7 @@ use crate::credentials::Access;
 use crate::mirror_api::Mirror;
 use crate::referrers::Referrers;
 use crate::registry_http::RegistryHttp;
-use crate::retention::plan::{Deletion, Gone, Keep, Kept, Parameters, Plan, plan};
+use crate::retention::plan::{Deletion, Gone, Keep, Kept, Parameters, Plan, Stale, plan};
 use crate::retention::{inventory, say_duration, sets};
 
 /// A stale set blocked every deletion.
@@ -51,7 +51,7 @@ struct Report {
 }
 
 /// `--mirror host[/path]` values grouped by host: each host is pruned once, under its paths.
-fn by_host(mirrors: &[String]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+pub fn by_host(mirrors: &[String]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     let mut hosts: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for mirror in mirrors {
         let (host, path) = mirror.split_once('/').unwrap_or((mirror, ""));
@@ -147,42 +147,8 @@ pub async fn prune(args: Prune) -> anyhow::Result<u8> {
 /// stays, each with its reason, then a summary line.
 fn lines(report: &Report) -> String {
     let now = report.now;
-    let ago = |time: Timestamp| say_duration(now.as_second() - time.as_second());
-    let keep_for = say_duration(report.keep_for_seconds);
-    let gone = |deletion: &Deletion| match &deletion.why {
-        Gone::NamedLast { cluster, last_seen } => format!(
-            "named last by cluster {cluster:?} at {last_seen} ({} ago, longer than --keep-for {keep_for})",
-            ago(*last_seen)
-        ),
-        Gone::UnnamedSince { since } => format!(
-            "named by no cluster's set since first seen so at {since} ({} ago, longer than --keep-for {keep_for})",
-            ago(*since)
-        ),
-        Gone::Attached { subject } => format!("attached to {subject}, which goes"),
-    };
-    let kept = |keep: &Keep| match &keep.why {
-        Kept::Named {
-            cluster,
-            last_seen,
-            used_by,
-        } => format!(
-            "named by cluster {cluster:?} at {last_seen} ({} ago){}",
-            ago(*last_seen),
-            if used_by.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", used_by.join(", "))
-            }
-        ),
-        Kept::Attached { subject } => format!("attached to {subject}, which stays"),
-        Kept::Anchored { cluster } => {
-            format!("anchored by cluster {cluster:?}, whose set still names it")
-        }
-        Kept::UnnamedSince { since } => format!(
-            "named by no set, but only since {since} ({} ago, within --keep-for {keep_for})",
-            ago(*since)
-        ),
-    };
+    let gone = |deletion: &Deletion| say_gone(&deletion.why, now, report.keep_for_seconds);
+    let kept = |keep: &Keep| say_kept(&keep.why, now, report.keep_for_seconds);
     let tags = |deletion: &Deletion| {
         if deletion.tags.is_empty() {
             String::new()
@@ -200,13 +166,7 @@ fn lines(report: &Report) -> String {
         };
         out.push_str(&format!("prune of {host} ({mode})\n"));
         for stale in &run.plan.blocked {
-            out.push_str(&format!(
-                "blocked: the in-use set of cluster {:?} was published at {} ({} ago), longer ago than --stale-after {}: no deletion until it is published again\n",
-                stale.cluster,
-                stale.published,
-                ago(stale.published),
-                say_duration(report.stale_after_seconds)
-            ));
+            out.push_str(&say_blocked(stale, now, report.stale_after_seconds));
         }
         let failed: BTreeMap<&str, &str> = run
             .failed
@@ -268,4 +228,61 @@ fn lines(report: &Report) -> String {
         ));
     }
     out
+}
+
+/// Why a digest goes, as the report says it.
+pub fn say_gone(why: &Gone, now: Timestamp, keep_for_seconds: i64) -> String {
+    let ago = |time: Timestamp| say_duration(now.as_second() - time.as_second());
+    let keep_for = say_duration(keep_for_seconds);
+    match why {
+        Gone::NamedLast { cluster, last_seen } => format!(
+            "named last by cluster {cluster:?} at {last_seen} ({} ago, longer than --keep-for {keep_for})",
+            ago(*last_seen)
+        ),
+        Gone::UnnamedSince { since } => format!(
+            "named by no cluster's set since first seen so at {since} ({} ago, longer than --keep-for {keep_for})",
+            ago(*since)
+        ),
+        Gone::Attached { subject } => format!("attached to {subject}, which goes"),
+    }
+}
+
+/// Why a digest stays, as the report says it.
+pub fn say_kept(why: &Kept, now: Timestamp, keep_for_seconds: i64) -> String {
+    let ago = |time: Timestamp| say_duration(now.as_second() - time.as_second());
+    let keep_for = say_duration(keep_for_seconds);
+    match why {
+        Kept::Named {
+            cluster,
+            last_seen,
+            used_by,
+        } => format!(
+            "named by cluster {cluster:?} at {last_seen} ({} ago){}",
+            ago(*last_seen),
+            if used_by.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", used_by.join(", "))
+            }
+        ),
+        Kept::Attached { subject } => format!("attached to {subject}, which stays"),
+        Kept::Anchored { cluster } => {
+            format!("anchored by cluster {cluster:?}, whose set still names it")
+        }
+        Kept::UnnamedSince { since } => format!(
+            "named by no set, but only since {since} ({} ago, within --keep-for {keep_for})",
+            ago(*since)
+        ),
+    }
+}
+
+/// The line that says a stale set blocks every deletion (or removal) of a run.
+pub fn say_blocked(stale: &Stale, now: Timestamp, stale_after_seconds: i64) -> String {
+    format!(
+        "blocked: the in-use set of cluster {:?} was published at {} ({} ago), longer ago than --stale-after {}: no deletion until it is published again\n",
+        stale.cluster,
+        stale.published,
+        say_duration(now.as_second() - stale.published.as_second()),
+        say_duration(stale_after_seconds)
+    )
 }

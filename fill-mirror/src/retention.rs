@@ -8,6 +8,7 @@ pub mod ages;
 pub mod inventory;
 pub mod plan;
 pub mod sets;
+pub mod unanchor;
 
 /// A duration written `<n>s`, `<n>m`, `<n>h` or `<n>d`, in seconds (a flag's value).
 pub fn parse_duration(text: &str) -> Result<i64, String> {
