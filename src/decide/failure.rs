@@ -18,6 +18,10 @@ pub(super) enum Failure {
     /// `onUnverified`: the mirror's copy does not verify under `signatures`; the digest it
     /// serves, when known.
     Unverified(String, Option<String>),
+    /// Kept whatever `onUnverified` says: the copy does not verify under a rule that matches
+    /// only its mirror name, while no rule covers the source as the Pod writes it, which a
+    /// verifier with that rule admits unverified; the digest swapped to, when known.
+    UnverifiedAtMirrorName(String, Option<String>),
     /// `onUnverified`: the source itself does not verify under `signatures` (`verifySource`),
     /// so no mirror copy is asked; copying it would not help.
     UnverifiedAtSource(String),
@@ -67,7 +71,7 @@ impl Failure {
         match self {
             Failure::Missing(_) => Reason::Absent,
             Failure::Stale(_) => Reason::Stale,
-            Failure::Unverified(..) => Reason::Unverified,
+            Failure::Unverified(..) | Failure::UnverifiedAtMirrorName(..) => Reason::Unverified,
             Failure::UnverifiedAtSource(_) => Reason::UnverifiedAtSource,
             Failure::LookupError(_) => Reason::LookupError,
             Failure::Budget { .. } => Reason::Budget,
@@ -80,6 +84,7 @@ impl Failure {
             Failure::Missing(text)
             | Failure::Stale(text)
             | Failure::Unverified(text, _)
+            | Failure::UnverifiedAtMirrorName(text, _)
             | Failure::LookupError(text)
             | Failure::NoPullSecret(text) => text.clone(),
             Failure::UnverifiedAtSource(why) => {
@@ -152,8 +157,17 @@ pub(super) fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Fail
             _ => 0,
         })
         .unwrap_or(Reason::Absent);
+    // Copies unverified only at a mirror name no rule of the source's shares leave the source
+    // as the verifier alone would see it: uncovered, admitted.
+    let only_at_mirror_names = failures.iter().all(|(_, failure)| {
+        !matches!(
+            failure,
+            Failure::Unverified(..) | Failure::UnverifiedAtSource(_)
+        )
+    });
     let (action, setting) = match worst {
         Reason::Budget | Reason::LookupError => (policy.on_lookup_error, "onLookupError"),
+        Reason::Unverified if only_at_mirror_names => (Fallback::Keep, ""),
         Reason::Unverified | Reason::UnverifiedAtSource => (policy.on_unverified, "onUnverified"),
         Reason::Stale | Reason::Absent => (policy.on_missing, "onMissing"),
         _ => (Fallback::Keep, ""),
@@ -188,7 +202,9 @@ pub(super) fn fallback(policy: &Policy, image: &str, failures: Vec<(String, Fail
         _ => None,
     });
     let unverified_digest = failures.iter().find_map(|(_, failure)| match failure {
-        Failure::Unverified(_, digest) => digest.clone(),
+        Failure::Unverified(_, digest) | Failure::UnverifiedAtMirrorName(_, digest) => {
+            digest.clone()
+        }
         _ => None,
     });
     let note = |text: String| Note {

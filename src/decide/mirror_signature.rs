@@ -82,7 +82,7 @@ pub(super) fn signature_copied(
 /// beside the short name `nginx:1.27`): a verifier after this policy with that rule verifies the
 /// copy, where alone it would have admitted the source unverified. So the copy is swapped to only
 /// when it verifies there at the digest swapped to; otherwise the source is kept, as that
-/// verifier alone would see it.
+/// verifier alone would see it, whatever `onUnverified` says (the source is no rule's).
 pub(super) fn verified_at_mirror_name(
     swapped: &str,
     policy: &Policy,
@@ -103,9 +103,9 @@ pub(super) fn verified_at_mirror_name(
         )),
         Err(LookupError::Unverified(why)) => Err((
             swapped.to_string(),
-            Failure::unverified(
+            Failure::UnverifiedAtMirrorName(
                 format!(
-                    "a rule of signatures matches its mirror name, where it does not verify: {why}"
+                    "its copy there does not verify (a rule of signatures matches its mirror name, where it does not verify: {why})"
                 ),
                 pinned.map(str::to_string),
             ),
@@ -143,11 +143,15 @@ mod tests {
     fn a_rule_on_the_mirror_name_alone_is_verified_at_the_copy_before_the_swap(
         #[case] at_mirror: Result<String, LookupError>,
         #[case] swapped: bool,
+        #[values("keep", "reject")] on_unverified: &str,
     ) {
-        let policy = policy_from(
-            r#"{"mirrors":[{"source":"docker.io","target":"m.io/hub"}],"verifySource":false,
-            "signatures":[{"image":"*/*","pubKeys":["-----BEGIN PUBLIC KEY-----\nK\n-----END PUBLIC KEY-----"]}]}"#,
-        );
+        // `onUnverified: reject` too keeps the source: no rule covers it as the Pod writes it,
+        // so the verifier alone admits it.
+        let policy = policy_from(&format!(
+            r#"{{"mirrors":[{{"source":"docker.io","target":"m.io/hub"}}],"verifySource":false,
+            "onUnverified":"{on_unverified}",
+            "signatures":[{{"image":"*/*","pubKeys":["-----BEGIN PUBLIC KEY-----\nK\n-----END PUBLIC KEY-----"]}}]}}"#
+        ));
         let copy = format!("m.io/hub/library/nginx:1.27@{DIGEST_A}");
         let mut registry =
             FakeRegistry::default().with("m.io/hub/library/nginx:1.27", Ok(DIGEST_A));
@@ -163,7 +167,7 @@ mod tests {
                     note.text
                 );
             }
-            _ => panic!("{swapped}: {decision:?}"),
+            _ => panic!("{swapped}, onUnverified {on_unverified}: {decision:?}"),
         }
         assert_eq!(
             registry.asked,
