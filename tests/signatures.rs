@@ -621,6 +621,64 @@ fn a_source_re_signed_and_re_tagged_is_swapped_at_its_new_digest_with_verify_sou
     }
 }
 
+/// The source moves a covered tag to a new signed build while the mirror's tag holds the old one
+/// (default settings: verified at the source): the Pod is kept at its source and recorded; `fill-mirror once` (the built binary) over that Pod copies the new digest beside
+/// the mirror's tag with its signature, the mirror's tag not moved; the next Pod is swapped to
+/// the new digest in both orders. Counted as present, the copy left every next Pod kept.
+#[test]
+fn a_tag_moved_at_the_source_is_filled_beside_the_mirror_tag_and_swapped() {
+    let world = World::start("sig-moved-fill", Signer::generate());
+    world.copy_signature();
+    let fixed = Image::new("sig-moved-fill fixed build", "linux/amd64");
+    let fixed_digest = fixed.push(&world.source, REPOSITORY, Some("signed"));
+    world
+        .signer
+        .sign(&world.source, REPOSITORY, &fixed_digest, &[]);
+    let rules = vec![world.rule(&format!("{}/org/*", world.source.host))];
+    let image = world.image("signed");
+    let settings = world.swapper_settings(true);
+    let kept = validate(&settings, &pod(&image), shared(LiveHost::default()));
+    let recorded = kept.mutated.expect("the kept Pod, with its record");
+    assert_eq!(image_of(&recorded), image, "kept at its source");
+    assert_eq!(
+        recorded["metadata"]["labels"]["image-swapper.kubewarden.io/unmirrored"], "true",
+        "{recorded:#}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("sig-moved-fill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let (pods, settings_file) = (dir.join("pods.json"), dir.join("settings.json"));
+    std::fs::write(&pods, json!({"items": [recorded]}).to_string()).expect("pods");
+    std::fs::write(&settings_file, settings.to_string()).expect("settings");
+    let output = std::process::Command::new(rig::fill_mirror())
+        .args(["once", "--insecure", "--pods"])
+        .arg(&pods)
+        .arg("--settings")
+        .arg(&settings_file)
+        .output()
+        .expect("fill-mirror once");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{said}");
+    assert_eq!(
+        world
+            .mirror
+            .digest_of(&format!("cache/{REPOSITORY}"), "signed"),
+        Some(world.signed.clone()),
+        "the mirror's tag moved: {said}"
+    );
+    for order in ORDERS {
+        assert_eq!(
+            admit_with(order, &rules, &settings, &image),
+            Ok(world.mirror_image("signed", &fixed_digest)),
+            "{order:?}, after the fill: {said}"
+        );
+    }
+}
+
 /// A certificate rule that requires a Rekor bundle is not satisfied by signatures without one
 /// (the rig's, like `cosign sign --tlog-upload=false`'s), as on the host: the copy is kept
 /// unverified, never swapped.

@@ -64,7 +64,7 @@ pub async fn carry(engine: &Skopeo, referrers: &Referrers, copy: &Copy) -> Vec<C
             (Ok(source), Ok(destination)) => (source, destination),
             (Err(words), _) | (_, Err(words)) => return failed(&copy.destination, words),
         };
-    let held = match engine.manifest(&copy.destination).await {
+    let mut held = match engine.manifest(&copy.destination).await {
         Ok(Some(manifest)) => manifest,
         Ok(None) => {
             return failed(
@@ -78,15 +78,24 @@ pub async fn carry(engine: &Skopeo, referrers: &Referrers, copy: &Copy) -> Vec<C
     if source_tag.is_some() {
         match engine.manifest(&copy.source).await {
             Ok(Some(now)) if digest_of(&now) != held_digest => {
-                return vec![Carried {
-                    destination: copy.destination.clone(),
-                    outcome: Outcome::Refused(format!(
-                        "the mirror's {} is {held_digest} and the source's tag {} now names {}: nothing signed for {held_digest} is copied",
-                        copy.destination,
-                        copy.source,
-                        digest_of(&now)
-                    )),
-                }];
+                // The source moved its tag: what is carried is for the digest it names now, when
+                // the mirror holds it beside the tag (`Skopeo::moved_tag` copied it there).
+                let now = digest_of(&now);
+                match engine
+                    .manifest(&format!("{destination_repository}@{now}"))
+                    .await
+                {
+                    Ok(Some(beside)) if digest_of(&beside) == now => held = beside,
+                    _ => {
+                        return vec![Carried {
+                            destination: copy.destination.clone(),
+                            outcome: Outcome::Refused(format!(
+                                "the mirror's {} is {held_digest} and the source's tag {} now names {now}: nothing signed for {held_digest} is copied",
+                                copy.destination, copy.source,
+                            )),
+                        }];
+                    }
+                }
             }
             Ok(_) => {}
             Err(words) => return failed(&copy.source, words),

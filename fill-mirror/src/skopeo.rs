@@ -1,8 +1,9 @@
 //! The copy engine: skopeo as a subprocess, as a person would run the policy's copy
 //! (`skopeo copy --all --preserve-digests`: every digest of a multi-platform index kept). A
 //! destination that exists is never copied over: only a registry's "does not exist" lets a copy
-//! run, since anything else could be a tag that exists, which a copy would move. A signature
-//! tag is the exception (`attached.rs`): it follows its source.
+//! run, since anything else could be a tag that exists, which a copy would move (a tag the source
+//! moved gets its new digest copied beside it). A signature tag is the exception
+//! (`attached.rs`): it follows its source.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -13,6 +14,17 @@ use tokio::process::Command;
 
 use crate::board::Outcome;
 use crate::credentials::Access;
+use crate::digest::digest_of;
+use image_swapper_policy::reference::Reference;
+
+/// The source's and the destination's repositories of a copy whose source names its image by
+/// tag (no digest); `None` for any other copy.
+fn by_tag(copy: &Copy) -> Option<(String, String)> {
+    let source = Reference::parse(&copy.source).ok()?;
+    let destination = Reference::parse(&copy.destination).ok()?;
+    (source.digest().is_none() && source.tag().is_some())
+        .then(|| (source.name().to_string(), destination.name().to_string()))
+}
 
 /// What registries answer for a manifest or a repository that does not exist (skopeo prints the
 /// error's code, then the registry's message): distribution's "manifest unknown" and "name
@@ -239,23 +251,62 @@ impl Skopeo {
         }
     }
 
-    /// Makes one copy unless its destination exists.
+    /// Makes one copy unless its destination exists: then [`Skopeo::moved_tag`].
     pub async fn copy(&self, copy: &Copy) -> Outcome {
         if let Err(error) = self.access.prepare(&copy.source, &copy.destination).await {
             return Outcome::Failed(error);
         }
-        match self.inspect(&copy.destination).await {
-            Presence::Exists => return Outcome::Present,
-            Presence::Absent => {}
-            Presence::Unknown(words) => {
+        match self.manifest(&copy.destination).await {
+            Ok(Some(held)) => return self.moved_tag(copy, &held).await,
+            Ok(None) => {}
+            Err(words) => {
                 return Outcome::Failed(format!(
-                    "could not tell whether docker://{} exists: {}",
-                    copy.destination,
-                    last_line(&words)
+                    "could not tell whether docker://{} exists: {words}",
+                    copy.destination
                 ));
             }
         }
         self.copy_over(&copy.source, &copy.destination).await
+    }
+
+    /// The destination's tag exists (`held`): `Present`, unless the copy is by tag and the
+    /// source's tag now names another digest (the source moved it). The policy asked for the
+    /// copy because it wants that digest (a covered image is verified at its source, and only
+    /// that digest's copy is swapped to), so counting it `Present` would leave every next Pod
+    /// at its source. The image tag is still never moved: the source's digest is copied beside
+    /// it, under the digest's own tag `sha256-<hex>` (as a pinned image is copied), which the
+    /// policy finds by digest and swaps to as `<tag>@<digest>`.
+    async fn moved_tag(&self, copy: &Copy, held: &[u8]) -> Outcome {
+        let Some((source_repository, destination_repository)) = by_tag(copy) else {
+            return Outcome::Present;
+        };
+        let now = match self.manifest(&copy.source).await {
+            Ok(Some(now)) => digest_of(&now),
+            // Gone at the source: the mirror's copy is all there is.
+            Ok(None) => return Outcome::Present,
+            Err(words) => {
+                return Outcome::Failed(format!(
+                    "could not tell whether the source's tag docker://{} still names what the mirror holds: {words}",
+                    copy.source
+                ));
+            }
+        };
+        let mirror_has = digest_of(held);
+        if now == mirror_has {
+            return Outcome::Present;
+        }
+        let beside = format!("{destination_repository}:{}", now.replacen(':', "-", 1));
+        tracing::warn!(source = %copy.source, destination = %copy.destination, mirror = %mirror_has, %now, copied_to = %beside, "the source moved its tag: the mirror's tag is not moved, the digest the source names now is copied beside it under its own tag");
+        match self.manifest(&beside).await {
+            Ok(Some(_)) => Outcome::Present,
+            Ok(None) => {
+                self.copy_over(&format!("{source_repository}@{now}"), &beside)
+                    .await
+            }
+            Err(words) => Outcome::Failed(format!(
+                "could not tell whether docker://{beside} exists: {words}"
+            )),
+        }
     }
 }
 

@@ -132,16 +132,27 @@ fn once_copies_a_multi_platform_image_once_with_every_digest() {
     }
 }
 
-/// A destination that exists is never copied over: the tag keeps the mirror's content.
+/// A destination that exists is never copied over: the tag keeps the mirror's content. One whose
+/// source tag names the same content is skipped; one whose source tag moved to other content
+/// gets that content copied beside it, under its digest's own tag.
 #[test]
 fn once_leaves_an_existing_destination_as_it_is() {
     let source = TestRegistry::start("fill-keep-src").expect("source registry");
     let mirror = TestRegistry::start("fill-keep-mirror").expect("mirror registry");
-    Image::new("new", "linux/amd64").push(&source, "app/web", Some("1"));
+    let moved = Image::new("new", "linux/amd64").push(&source, "app/web", Some("1"));
     let kept = Image::new("old", "linux/amd64").push(&mirror, "hub/app/web", Some("1"));
+    let same = Image::new("api", "linux/amd64");
+    same.push(&source, "app/api", Some("1"));
+    same.push(&mirror, "hub/app/api", Some("1"));
     let image = format!("{}/app/web:1", source.host);
+    let api = format!("{}/app/api:1", source.host);
     let files = Files::new();
-    let (pods, settings) = inputs(&files, &source.host, &mirror.host, &[("a", &image)]);
+    let (pods, settings) = inputs(
+        &files,
+        &source.host,
+        &mirror.host,
+        &[("a", &image), ("b", &api)],
+    );
 
     let output = run(&[
         "once",
@@ -154,8 +165,12 @@ fn once_leaves_an_existing_destination_as_it_is() {
 
     let stdout = text(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("0 copied, 0 failed, 1 skipped"), "{stdout}");
+    assert!(stdout.contains("1 copied, 0 failed, 1 skipped"), "{stdout}");
     assert_eq!(mirror.digest_of("hub/app/web", "1"), Some(kept));
+    assert_eq!(
+        mirror.digest_of("hub/app/web", &moved.replacen(':', "-", 1)),
+        Some(moved)
+    );
 }
 
 /// Exit statuses: 0 when the source is gone (nothing any run can copy), 1 when a copy failed

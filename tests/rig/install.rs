@@ -70,9 +70,29 @@ fn console_block(page: &str, overlay: &str) -> Vec<String> {
         .collect()
 }
 
+/// What an operator does beyond the page's one value: edits to the copied `deploy/` (a folder)
+/// before the page's block runs (an overlay's patch), and changes to the cluster after the block
+/// and before the fill controller starts (a Secret re-created with more logins).
+pub struct Operator<'a> {
+    pub overlay: &'a dyn Fn(&Path),
+    pub before_fill: &'a dyn Fn(&ControlPlane),
+}
+
 /// Installs `deploy/registry` on `plane` as docs/install.md types it, the rig standing in as
 /// the module's documentation says; returns once the page's last command ran.
 pub fn registry_as_typed(plane: &ControlPlane, stand: &Stand) -> Installed {
+    registry_as_typed_by(
+        plane,
+        stand,
+        &Operator {
+            overlay: &|_| {},
+            before_fill: &|_| {},
+        },
+    )
+}
+
+/// [`registry_as_typed`] with the operator's own edits and changes.
+pub fn registry_as_typed_by(plane: &ControlPlane, stand: &Stand, operator: &Operator) -> Installed {
     let root = super::root();
     let dir = scratch_dir("install");
     for path in [
@@ -109,6 +129,7 @@ pub fn registry_as_typed(plane: &ControlPlane, stand: &Stand) -> Installed {
         text.replace(example, &format!("mirror={}/dockerhub", stand.mirror)),
     )
     .expect("kustomization.yaml");
+    (operator.overlay)(&dir.join("deploy"));
     let bin = kubectl_for(plane, &dir);
 
     let placeholders = [
@@ -161,6 +182,7 @@ pub fn registry_as_typed(plane: &ControlPlane, stand: &Stand) -> Installed {
     }
     let controller = controller
         .expect("docs/install.md's block never waits for PolicyActive: nothing reconciled");
+    (operator.before_fill)(plane);
     let fill = FillController::play(plane, stand, &dir);
     Installed {
         controller,
