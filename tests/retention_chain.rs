@@ -10,18 +10,19 @@
 //! The workloads: a Deployment running A (its Pod swapped to the mirror by the policy once the
 //! watch filled it), a Deployment scaled to zero naming B, a CronJob naming C, a Deployment
 //! rolled out by kube-controller-manager from D to D2 (its older ReplicaSet names D), an image E
-//! the watch copied for a Deployment deleted before any set named it, and F, which only the
-//! second cluster's Deployment names.
+//! the watch copied for a Deployment deleted before any set named it, G named by a Deployment
+//! deleted after the sets named it, and F, which only the second cluster's Deployment names.
 //!
 //! A month is not waited for: the later runs of the watches and the prune are the same binary
 //! under libfaketime (`FAKETIME=+31d`, Debian's `faketime`), whose clock reads 31 days on; the
 //! API server, the registries and the policy keep the real one. Outcomes: at first, nothing is
 //! deleted (every image is within `--keep-for 30d`); 31 days on, with the second cluster's set
 //! 31 days old, nothing is deleted and the run says why (exit 3); once it publishes again a dry
-//! run deletes nothing and lists E alone with its reason, and `--delete` deletes E alone (A, B,
-//! C, D, D2 and F pulled by digest after). The same mirror under deploy/eks-ecr's lifecycle
-//! rules, evaluated as ECR documents it (`rig::lifecycle`) over the tags the watches wrote,
-//! expires E alone. Each outcome is checked and all the failed ones are reported together.
+//! run deletes nothing and lists E and G alone, each with its reason, and `--delete` deletes E
+//! and G alone (A, B, C, D, D2 and F pulled by digest after). The same mirror under
+//! deploy/eks-ecr's lifecycle rules, evaluated as ECR documents it (`rig::lifecycle`) over the
+//! tags the watches wrote, keeps A to F but E, which it expires. Each outcome is checked and all
+//! the failed ones are reported together.
 
 mod rig;
 
@@ -174,8 +175,9 @@ fn run_chain(world: &World, outcomes: &mut Outcomes) {
     apply(&east, &cron_job("c", &image("c:1")));
     apply(&east, &deployment("d", &image("d:1"), 0));
     apply(&east, &deployment("e", &image("e:1"), 0));
+    apply(&east, &deployment("g", &image("g:1"), 0));
     apply(&west, &deployment("f", &image("f:1"), 0));
-    for name in ["a", "b", "c", "d", "e", "f"] {
+    for name in ["a", "b", "c", "d", "e", "f", "g"] {
         world.filled(name, "1", &[&east, &west]);
     }
     // kube-controller-manager rolls d out from D to D2: its first ReplicaSet then names D only.
@@ -220,7 +222,7 @@ fn run_chain(world: &World, outcomes: &mut Outcomes) {
     // Today: a dry run (as deployed), then --delete: everything is within the age.
     let dry = world.prune(None, false);
     let deleting = world.prune(None, true);
-    let all = ["A", "B", "C", "D", "D2", "E", "F"];
+    let all = ["A", "B", "C", "D", "D2", "E", "F", "G"];
     outcomes.check(
         "today, within --keep-for 30d, the prune deletes nothing",
         dry.status.code() == Some(0)
@@ -237,6 +239,10 @@ fn run_chain(world: &World, outcomes: &mut Outcomes) {
             )
         },
     );
+
+    // G's Deployment goes: named today, by a month on its last naming is older than the age.
+    east.plane
+        .kubectl_ok(&["delete", "deployment", "-n", SHOP, "g"], None);
 
     // A month on. The first cluster's watch runs on; the second's has not run since.
     world.stop_watch(&mut west);
@@ -260,14 +266,21 @@ fn run_chain(world: &World, outcomes: &mut Outcomes) {
 
     world.restart_watch(&mut west, Some(MONTH_ON));
     // The registry-side protection over the same mirror, before the prune touches it.
+    // Over A to F: G, anchored while its cluster used it, keeps that anchor under ECR's rules
+    // until something removes the tag, which no component does (the watch deletes nothing, the
+    // prune deletes manifests by digest): G is the prune's case.
     let expired = world.ecr_expired();
-    let e = world.named("E");
+    let ecr_expired: Vec<&str> = ["A", "B", "C", "D", "D2", "E", "F"]
+        .into_iter()
+        .filter(|name| expired.contains(&world.named(name)))
+        .collect();
     outcomes.check(
-        "deploy/eks-ecr's lifecycle rules, over the tags the watches wrote, expire E alone",
-        expired == BTreeSet::from([e.clone()]),
+        "deploy/eks-ecr's lifecycle rules, over the tags the watches wrote, keep A-D and F and expire E",
+        ecr_expired == ["E"],
         || {
             format!(
-                "expired: {expired:#?}\nwanted only {e}\ntags: {:#?}",
+                "expired: {expired:#?}\nwanted only {}\ntags: {:#?}",
+                world.named("E"),
                 world.tags()
             )
         },
@@ -276,27 +289,34 @@ fn run_chain(world: &World, outcomes: &mut Outcomes) {
     let dry = world.prune(Some(MONTH_ON), false);
     let listed = world.lines(&dry, "would delete");
     let (e_repository, e_digest) = &world.images["E"];
-    let reason = "named by no cluster's set since first seen so at";
+    let (g_repository, g_digest) = &world.images["G"];
+    let age = "(31d ago, longer than --keep-for 30d)";
+    let never = "named by no cluster's set since first seen so at";
+    let last = format!("named last by cluster {:?} at", east.id);
+    let line = |image: &str, reason: &str| {
+        listed
+            .iter()
+            .any(|line| line.contains(image) && line.contains(reason) && line.contains(age))
+    };
     outcomes.check(
-        "a dry run deletes nothing and lists E alone, with its reason",
+        "a dry run deletes nothing and lists E and G alone, each with its reason",
         dry.status.code() == Some(0)
-            && listed.len() == 1
-            && listed[0].contains(&format!("{e_repository}@{e_digest}"))
-            && listed[0].contains(reason)
-            && listed[0].contains("(31d ago, longer than --keep-for 30d)")
+            && listed.len() == 2
+            && line(&format!("{e_repository}@{e_digest}"), never)
+            && line(&format!("{g_repository}@{g_digest}"), &last)
             && world.missing(&all).is_empty(),
         || format!("gone: {:?}\n{}", world.missing(&all), said(&dry)),
     );
 
     let deleting = world.prune(Some(MONTH_ON), true);
     outcomes.check(
-        "--delete deletes E alone; A, B, C, D, D2 and F are still pulled by digest",
+        "--delete deletes E and G alone; A, B, C, D, D2 and F are still pulled by digest",
         deleting.status.code() == Some(0)
-            && world.missing(&all) == ["E"]
-            && world.lines(&deleting, "deleted").len() == 1,
+            && world.missing(&all) == ["E", "G"]
+            && world.lines(&deleting, "deleted").len() == 2,
         || {
             format!(
-                "gone: {:?}, wanted [\"E\"]\n{}",
+                "gone: {:?}, wanted [\"E\", \"G\"]\n{}",
                 world.missing(&all),
                 said(&deleting)
             )
@@ -325,6 +345,7 @@ impl World {
             ("D", "d", "1"),
             ("D2", "d", "2"),
             ("E", "e", "1"),
+            ("G", "g", "1"),
             ("F", "f", "1"),
         ] {
             let source_repository = format!("team/app-{repository}");
