@@ -12,9 +12,10 @@ SOURCES := $(shell find src -name '*.rs') Cargo.toml Cargo.lock
 # Debian packages the tests need: the CNCF distribution registry, bats for e2e/, jq, and skopeo
 # (the rig's tag-filled cache copies with it; so does the fill controller), prometheus for
 # promtool, which tests the alerts (tests/docs.rs), and a real node's runtime beside the real
-# tools' kubelet (tests/real_node.rs): containerd, runc, the CNI plugins and iproute2. From PyPI:
+# tools' kubelet (tests/real_node.rs): containerd, runc, the CNI plugins and iproute2; and faketime,
+# whose libfaketime runs fill-mirror a month on in tests/retention_chain.rs. From PyPI:
 # moto's server and the AWS CLI, for the ECR tests (scripts/ensure-python-tools.sh, `make test-deps`).
-TEST_PACKAGES := docker-registry bats jq skopeo prometheus containerd runc containernetworking-plugins iproute2
+TEST_PACKAGES := docker-registry bats jq skopeo prometheus containerd runc containernetworking-plugins iproute2 faketime
 
 .PHONY: deps tools test-deps test run e2e-tests fmt lint bench clean push check-kwctl fuzz
 
