@@ -49,29 +49,34 @@ test-deps: deps
 # which runs `make run`'s binary. Before them, the near tests run in two lanes at once, for the
 # same reason (most of their time is kube-apiserver, the node and the relays' waits): most of
 # them in one, fill-mirror's then NEAR_B_NAMES in the other; each log printed whole after both,
-# under its command.
+# under its command. After them, QUIET_NAMES alone.
 FAR_NAMES := verify_source audit prune_wave
 FAR_TESTS := $(addprefix --test ,$(FAR_NAMES))
 NEAR_TESTS := $(addprefix --test ,$(filter-out $(FAR_NAMES),$(basename $(notdir $(wildcard tests/*.rs)))))
 FAR_MODELS := 1.35 1.31 1.38
 # The second lane's near tests, after fill-mirror's: long waits on kube-apiserver and
 # policy-server, chosen so that the two lanes take about the same time.
-NEAR_B_NAMES := deploy_apply model_vs_host ahead_of_pods
+NEAR_B_NAMES := deploy_apply ahead_of_pods
 NEAR_B_TESTS := $(addprefix --test ,$(NEAR_B_NAMES))
-NEAR_A_TESTS := $(addprefix --test ,$(filter-out $(FAR_NAMES) $(NEAR_B_NAMES),$(basename $(notdir $(wildcard tests/*.rs)))))
+# The tests that hold the policy to its time budget against the host (the 800 ms budget at 50 ms,
+# policy-server's own timeout, the host's concurrency measured against the model's) run last,
+# alone: under the lanes' load they measure the machine, not the policy.
+QUIET_NAMES := model_vs_host signatures
+QUIET_TESTS := $(addprefix --test ,$(QUIET_NAMES))
+NEAR_A_TESTS := $(addprefix --test ,$(filter-out $(FAR_NAMES) $(NEAR_B_NAMES) $(QUIET_NAMES),$(basename $(notdir $(wildcard tests/*.rs)))))
 test: test-deps tools policy.wasm
 	$(CARGO) build --locked --examples
 	$(CARGO) test --locked --no-run --lib $(NEAR_TESTS)
 	$(CARGO) test --locked --no-run -p fill-mirror
 	@failed=0; \
-	$(CARGO) test --locked --lib $(NEAR_A_TESTS) >target/near-tests.log 2>&1 & \
-	( $(CARGO) test --locked -p fill-mirror >target/fill-mirror-tests.log 2>&1; status=$$?; \
-	  $(CARGO) test --locked $(NEAR_B_TESTS) >target/near-b-tests.log 2>&1 || status=1; \
+	$(CARGO) test --locked --no-fail-fast --lib $(NEAR_A_TESTS) >target/near-tests.log 2>&1 & \
+	( $(CARGO) test --locked --no-fail-fast -p fill-mirror >target/fill-mirror-tests.log 2>&1; status=$$?; \
+	  $(CARGO) test --locked --no-fail-fast $(NEAR_B_TESTS) >target/near-b-tests.log 2>&1 || status=1; \
 	  exit $$status ) & \
 	wait -n || failed=1; wait -n || failed=1; \
-	echo "$(CARGO) test --locked --lib $(NEAR_A_TESTS)"; cat target/near-tests.log; \
-	echo "$(CARGO) test --locked -p fill-mirror"; cat target/fill-mirror-tests.log; \
-	echo "$(CARGO) test --locked $(NEAR_B_TESTS)"; cat target/near-b-tests.log; \
+	echo "$(CARGO) test --locked --no-fail-fast --lib $(NEAR_A_TESTS)"; cat target/near-tests.log; \
+	echo "$(CARGO) test --locked --no-fail-fast -p fill-mirror"; cat target/fill-mirror-tests.log; \
+	echo "$(CARGO) test --locked --no-fail-fast $(NEAR_B_TESTS)"; cat target/near-b-tests.log; \
 	exit $$failed
 	@$(CARGO) test --locked --no-run $(FAR_TESTS) 2>/dev/null
 	@failed=0; \
@@ -85,6 +90,7 @@ test: test-deps tools policy.wasm
 	  cat target/far-tests-$$model.log; \
 	done; \
 	exit $$failed
+	$(CARGO) test --locked --no-fail-fast $(QUIET_TESTS)
 
 # The policy on examples/pod.json with examples/settings.yml; ARGS=--live asks a real registry.
 run: policy.wasm $(if $(findstring --live,$(ARGS)),deps)
