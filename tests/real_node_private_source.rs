@@ -1,28 +1,41 @@
 //! A private source on a real node: the fill controller copies a private image only for the
-//! namespaces listed for its login (`--source-namespaces`), so a tenant with no pull Secret for
-//! it never gets to run it from the mirror. `deploy/registry` applied as docs/install.md types it
-//! (`rig::install`), with what an operator adds for a private source: a rule routing it to the
-//! mirror (an overlay's patch of both policies), its login in the fill controller's `mirror-push`
-//! auth file, and `FILL_MIRROR_SOURCE_NAMESPACES` listing `payroll` alone (the Deployment's
-//! commented variable, set). A real node (`rig::node`) pulls, in namespaces of the test's own
-//! (`rig::netns`); the private registry is 20 ms away and requires a login, the mirror 5 ms away.
+//! namespaces listed for its login (`--source-namespaces`), and the copies live in a mirror of
+//! their own whose pull login only those namespaces hold, so a tenant with no pull Secret for the
+//! source never gets to run it from the mirror. `deploy/registry` applied as docs/install.md
+//! types it (`rig::install`), with what an operator adds for a private source
+//! (docs/fill-mirror.md's recipe): a rule routing it to the copies' mirror with that mirror's
+//! `pullSecret` (an overlay's patch of both policies), that mirror's read login in the policy
+//! server's `mirror-readonly`, its push login and the source's in the fill controller's
+//! `mirror-push`, `FILL_MIRROR_SOURCE_NAMESPACES` listing `payroll` alone (the Deployment's
+//! commented variable, set), and the copies' pull Secret created in `payroll` alone. A real node
+//! (`rig::node`) pulls, in namespaces of the test's own (`rig::netns`); the private registry is
+//! 20 ms away and requires a login, the two mirrors 5 ms away, each with its own login.
 //!
 //! `tenant` (no Secret for the source) creates a Pod of `<private>/team/payroll:1`: the node
 //! cannot pull it (ErrImagePull), the fill controller does not copy it (it reads the source
 //! anonymously and fails), and the tenant's next Pod is not swapped and still cannot pull it.
 //! `payroll` (its Pods carry the source's pull Secret) runs it from the source, the fill
-//! controller copies it, and its next Pod is swapped and runs from the mirror, its `imageID` the
-//! digest.
+//! controller copies it, and its next Pod is swapped and runs from the copies' mirror, its
+//! `imageID` the digest. The tenant's Pod after that copy is swapped too, given the copies'
+//! `pullSecret` that its namespace lacks: the kubelet warns (`FailedToRetrieveImagePullSecret`),
+//! pulls without it and gets 401 (ErrImagePull), and does the same when payroll's Pod has put
+//! the image on the node.
 
+#[path = "real_node_private_source/operator.rs"]
+mod operator;
 mod rig;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
+use operator::{
+    Hosts, LISTED, MIRROR_LOGIN, PRIVATE_LOGIN, PRIVATE_MIRROR_LOGIN, PRIVATE_MIRROR_PULL,
+    SOURCE_PULL, TENANT, namespace_with_secrets, private_rule, push_secret_with_private_logins,
+    read_secret_with_copies_login,
+};
 use rig::chain::{self, Applied};
-use rig::install::{self, Installed, KUBEWARDEN, Login, Operator, Stand};
+use rig::install::{self, Installed, Operator, Stand};
 use rig::netns::{self, Isolated};
 use rig::node::{Node, NodeTools};
 use rig::proxy::LatencyProxy;
@@ -32,25 +45,13 @@ use serde_json::{Value, json};
 
 const TEST: &str = "a_tenant_without_the_private_source_s_login_never_runs_its_image";
 const FILL_MIRROR_VAR: &str = "RIG_FILL_MIRROR";
-const MIRROR_LOGIN: Login<'static> = Login {
-    user: "mirror-user",
-    password: "mirror-token",
-};
-const PRIVATE_LOGIN: Login<'static> = Login {
-    user: "payroll-reader",
-    password: "payroll-token",
-};
 const SOURCE_AWAY: Duration = Duration::from_millis(20);
 const MIRROR_AWAY: Duration = Duration::from_millis(5);
-/// The private image's repository at the source, and under the rule's target in the mirror.
+/// The private image's repository at the source, and under the rule's target in the private
+/// copies' mirror.
 const REPOSITORY: &str = "team/payroll";
 const MIRRORED: &str = "private/team/payroll";
 const RECORD_LABEL: &str = "image-swapper.kubewarden.io/unmirrored";
-/// Listed for the private source's login; not listed.
-const LISTED: &str = "payroll";
-const TENANT: &str = "tenant";
-/// The private source's pull Secret, in `payroll` only.
-const SOURCE_PULL: &str = "payroll-source-pull";
 const RUN_LIMIT: Duration = Duration::from_secs(900);
 
 #[test]
@@ -91,6 +92,18 @@ fn prove(kit: &NodeTools, module: &Path, fill_mirror: &Path, run: &Isolated) {
     )
     .expect("mirror registry");
     let mirror_far = LatencyProxy::network(&mirror.host, MIRROR_AWAY).expect("proxy");
+    let copies = TestRegistry::start_with_basic_auth(
+        "private-node-copies",
+        PRIVATE_MIRROR_LOGIN.user,
+        PRIVATE_MIRROR_LOGIN.password,
+    )
+    .expect("the private copies' mirror");
+    let copies_far = LatencyProxy::network(&copies.host, MIRROR_AWAY).expect("proxy");
+    let hosts = Hosts {
+        mirror: &mirror_far.host,
+        copies: &copies_far.host,
+        source: &private_far.host,
+    };
     let digest = push_busybox(kit, &private);
     let registries_conf = run.data.join("registries.conf");
     std::fs::write(
@@ -107,13 +120,12 @@ fn prove(kit: &NodeTools, module: &Path, fill_mirror: &Path, run: &Isolated) {
         kit,
         &plane,
         &run.node_dir("node"),
-        &[&mirror_far.host, &private_far.host],
+        &[&mirror_far.host, &copies_far.host, &private_far.host],
         &run.cgroup_root("node"),
     );
-    let overlay = |deploy: &Path| private_rule(deploy, &private_far.host, &mirror_far.host);
-    let before_fill = |plane: &ControlPlane| {
-        push_secret_with_private_login(plane, &mirror_far.host, &private_far.host)
-    };
+    let overlay = |deploy: &Path| private_rule(deploy, &hosts);
+    let before_policies = |plane: &ControlPlane| read_secret_with_copies_login(plane, &hosts);
+    let before_fill = |plane: &ControlPlane| push_secret_with_private_logins(plane, &hosts);
     let installed = install::registry_as_typed_by(
         &plane,
         &Stand {
@@ -122,16 +134,17 @@ fn prove(kit: &NodeTools, module: &Path, fill_mirror: &Path, run: &Isolated) {
             fill_mirror,
             mirror: &mirror_far.host,
             login: MIRROR_LOGIN,
-            insecure: &[&mirror_far.host, &private_far.host],
+            insecure: &[&mirror_far.host, &copies_far.host, &private_far.host],
             registries_conf: &registries_conf,
         },
         &Operator {
             overlay: &overlay,
+            before_policies: &before_policies,
             before_fill: &before_fill,
         },
     );
     for namespace in [TENANT, LISTED] {
-        namespace_with_secrets(&plane, namespace, &mirror_far.host, &private_far.host);
+        namespace_with_secrets(&plane, namespace, &hosts);
     }
     let explain = |what: &str| explain(what, &plane, &node, &installed);
     let source_image = format!("{}/{REPOSITORY}:1", private_far.host);
@@ -152,7 +165,7 @@ fn prove(kit: &NodeTools, module: &Path, fill_mirror: &Path, run: &Isolated) {
             .fill
             .log()
             .contains("read anonymously: no namespace that asks for it")
-            || mirror.digest_of(MIRRORED, "1").is_some()
+            || copies.digest_of(MIRRORED, "1").is_some()
     });
     assert!(
         tried.is_some(),
@@ -160,7 +173,7 @@ fn prove(kit: &NodeTools, module: &Path, fill_mirror: &Path, run: &Isolated) {
         explain("the fill controller never tried t-1's copy")
     );
     assert_eq!(
-        mirror.digest_of(MIRRORED, "1"),
+        copies.digest_of(MIRRORED, "1"),
         None,
         "{}",
         explain("the fill controller copied a private image for a tenant not listed for its login")
@@ -194,7 +207,7 @@ fn prove(kit: &NodeTools, module: &Path, fill_mirror: &Path, run: &Isolated) {
         Some(format!("{}/{REPOSITORY}@{digest}", private_far.host))
     );
     until(Duration::from_secs(120), || {
-        mirror.digest_of(MIRRORED, "1").as_deref() == Some(digest.as_str())
+        copies.digest_of(MIRRORED, "1").as_deref() == Some(digest.as_str())
     })
     .unwrap_or_else(|| panic!("{}", explain("payroll's copy never made")));
     until(Duration::from_secs(60), || {
@@ -206,15 +219,61 @@ fn prove(kit: &NodeTools, module: &Path, fill_mirror: &Path, run: &Isolated) {
     // 5. payroll's next Pod: swapped, pulled whole from the mirror, and runs.
     node.forget_image(&digest);
     let swapped = apply(&plane, LISTED, "p-2", &source_image, true);
-    let pinned = format!("{}/{MIRRORED}:1@{digest}", mirror_far.host);
+    let pinned = format!("{}/{MIRRORED}:1@{digest}", copies_far.host);
     assert_eq!(swapped.image(0), pinned, "{}", explain("p-2 swapped"));
+    assert!(
+        pull_secrets(&swapped).contains(&PRIVATE_MIRROR_PULL.to_string()),
+        "p-2 was not given {PRIVATE_MIRROR_PULL}: {:#}",
+        swapped.pod()
+    );
     node.wait_running(LISTED, "p-2", Duration::from_secs(180))
         .unwrap_or_else(|e| panic!("{e}\n{}", explain("p-2 runs")));
     assert_eq!(
         node.image_id(LISTED, "p-2", "app"),
-        Some(format!("{}/{MIRRORED}@{digest}", mirror_far.host)),
+        Some(format!("{}/{MIRRORED}@{digest}", copies_far.host)),
         "the image p-2 runs"
     );
+
+    // 6. The tenant's Pod once the mirror holds the copy (and the node does not): swapped to
+    // it, as any Pod naming an image the mirror holds, and given the rule's pullSecret, which the
+    // tenant's namespace lacks: the kubelet says so, pulls without it, and the private copies'
+    // mirror refuses.
+    node.forget_image(&digest);
+    let after = apply(&plane, TENANT, "t-3", &source_image, false);
+    assert_eq!(after.image(0), pinned, "{}", explain("t-3 swapped"));
+    assert!(
+        pull_secrets(&after).contains(&PRIVATE_MIRROR_PULL.to_string()),
+        "t-3 was not given {PRIVATE_MIRROR_PULL}: {:#}",
+        after.pod()
+    );
+    let reason = pull_failure(&node, TENANT, "t-3")
+        .unwrap_or_else(|| panic!("{}", explain("t-3 runs the private image from the mirror")));
+    println!("t-3: {reason}");
+    let missing = until(Duration::from_secs(30), || {
+        events(&plane, TENANT, "t-3").contains("FailedToRetrieveImagePullSecret")
+    });
+    assert!(
+        missing.is_some(),
+        "the kubelet did not say t-3's Secret is missing: {}",
+        events(&plane, TENANT, "t-3")
+    );
+
+    // 7. The image on the node again, pulled by payroll's Pod with its Secret; the tenant's Pod
+    // of it (`IfNotPresent`, pinned) is not run from the node's store: the kubelet checks the
+    // tenant's credentials against the registry first (ensure-secret-pulled-images, beta and on
+    // by default since Kubernetes 1.35), and the registry refuses.
+    apply(&plane, LISTED, "p-3", &source_image, true);
+    node.wait_running(LISTED, "p-3", Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("{e}\n{}", explain("p-3 runs")));
+    let cached = apply(&plane, TENANT, "t-4", &source_image, false);
+    assert_eq!(cached.image(0), pinned, "{}", explain("t-4 swapped"));
+    let reason = pull_failure(&node, TENANT, "t-4").unwrap_or_else(|| {
+        panic!(
+            "{}",
+            explain("t-4 runs the private image from the node's store")
+        )
+    });
+    println!("t-4 (the image on the node): {reason}");
     println!(
         "the tenant's Pods never ran {source_image}; payroll's next Pod runs {pinned}; {:.1} s in all",
         begun.elapsed().as_secs_f64()
@@ -236,71 +295,27 @@ fn push_busybox(kit: &NodeTools, private: &TestRegistry) -> String {
         .expect("the pushed image")
 }
 
-/// The operator's overlay: a rule routing the private source to `<mirror>/private` in both
-/// policies (the swapping one adding the mirror's pull Secret, as for Docker Hub), and the fill
-/// controller's `FILL_MIRROR_SOURCE_NAMESPACES` listing [`LISTED`] for the source's login.
-fn private_rule(deploy: &Path, source: &str, mirror: &str) {
-    let values = deploy.join("registry/kustomization.yaml");
-    let text = std::fs::read_to_string(&values).expect("kustomization.yaml");
-    assert!(
-        !text.contains("\npatches:"),
-        "deploy/registry has patches now"
-    );
-    let rule = |pull: bool| {
-        let mut rule = json!({"source": source, "target": format!("{mirror}/private")});
-        if pull {
-            rule["pullSecret"] = json!("mirror-pull");
-        }
-        json!([{"op": "add", "path": "/spec/settings/mirrors/-", "value": rule}]).to_string()
-    };
-    let env = json!([{"op": "add", "path": "/spec/template/spec/containers/0/env/-",
-        "value": {"name": "FILL_MIRROR_SOURCE_NAMESPACES", "value": format!("{source}={LISTED}")}}]);
-    let patches = format!(
-        "patches:\n  - target: {{kind: ClusterAdmissionPolicy, name: image-swapper}}\n    patch: '{}'\n  - target: {{kind: ClusterAdmissionPolicy, name: image-swapper-check}}\n    patch: '{}'\n  - target: {{kind: Deployment, name: fill-mirror}}\n    patch: '{}'\n",
-        rule(true),
-        rule(false),
-        env
-    );
-    std::fs::write(&values, format!("{text}\n{patches}")).expect("kustomization.yaml");
+/// The names in a stored Pod's `imagePullSecrets`.
+fn pull_secrets(applied: &Applied) -> Vec<String> {
+    applied.pod()["spec"]["imagePullSecrets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["name"].as_str().map(str::to_string))
+        .collect()
 }
 
-/// `mirror-push` re-created holding the private source's login beside the mirror's, as
-/// docs/fill-mirror.md's private sources have it.
-fn push_secret_with_private_login(plane: &ControlPlane, mirror: &str, source: &str) {
-    let config = json!({"auths": {mirror: auth(&MIRROR_LOGIN), source: auth(&PRIVATE_LOGIN)}});
-    apply_docker_secret(plane, KUBEWARDEN, "mirror-push", &config);
-}
-
-fn auth(login: &Login) -> Value {
-    let both = format!("{}:{}", login.user, login.password);
-    json!({"auth": base64::engine::general_purpose::STANDARD.encode(both)})
-}
-
-fn apply_docker_secret(plane: &ControlPlane, namespace: &str, name: &str, config: &Value) {
-    let encoded = base64::engine::general_purpose::STANDARD.encode(config.to_string());
-    let secret = json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
-        "type": "kubernetes.io/dockerconfigjson", "data": {".dockerconfigjson": encoded}});
-    plane.kubectl_ok(&["apply", "-f", "-"], Some(&secret.to_string()));
-}
-
-/// A namespace with the mirror's pull Secret (the swapping policy adds it to swapped Pods) and,
-/// in [`LISTED`] only, the private source's; waits for its `default` ServiceAccount.
-fn namespace_with_secrets(plane: &ControlPlane, namespace: &str, mirror: &str, source: &str) {
-    plane.kubectl_ok(&["create", "namespace", namespace], None);
-    let config = json!({"auths": {mirror: auth(&MIRROR_LOGIN)}});
-    apply_docker_secret(plane, namespace, "mirror-pull", &config);
-    if namespace == LISTED {
-        let config = json!({"auths": {source: auth(&PRIVATE_LOGIN)}});
-        apply_docker_secret(plane, namespace, SOURCE_PULL, &config);
-    }
-    until(Duration::from_secs(60), || {
-        plane
-            .kubectl(&["get", "serviceaccount", "-n", namespace, "default"], None)
-            .status
-            .success()
-    })
-    .unwrap_or_else(|| panic!("no default ServiceAccount in {namespace}"));
+/// The reasons and messages of a Pod's events, one a line.
+fn events(plane: &ControlPlane, namespace: &str, name: &str) -> String {
+    let selector = format!("involvedObject.name={name}");
+    let events = plane.get_json(&["events", "-n", namespace, "--field-selector", &selector]);
+    events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| format!("{}: {}", e["reason"], e["message"]))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A Pod `name` of `image` in `namespace`, with the private source's pull Secret when

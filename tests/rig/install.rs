@@ -71,10 +71,13 @@ fn console_block(page: &str, overlay: &str) -> Vec<String> {
 }
 
 /// What an operator does beyond the page's one value: edits to the copied `deploy/` (a folder)
-/// before the page's block runs (an overlay's patch), and changes to the cluster after the block
-/// and before the fill controller starts (a Secret re-created with more logins).
+/// before the page's block runs (an overlay's patch), and changes to the cluster once the
+/// page's Secrets exist: before the policy server reads its own (`before_policies`, the
+/// `mirror-readonly` Secret re-created with a second mirror's login) and after the block, before
+/// the fill controller starts (`before_fill`, `mirror-push` re-created with more logins).
 pub struct Operator<'a> {
     pub overlay: &'a dyn Fn(&Path),
+    pub before_policies: &'a dyn Fn(&ControlPlane),
     pub before_fill: &'a dyn Fn(&ControlPlane),
 }
 
@@ -86,6 +89,7 @@ pub fn registry_as_typed(plane: &ControlPlane, stand: &Stand) -> Installed {
         stand,
         &Operator {
             overlay: &|_| {},
+            before_policies: &|_| {},
             before_fill: &|_| {},
         },
     )
@@ -154,6 +158,7 @@ pub fn registry_as_typed_by(plane: &ControlPlane, stand: &Stand, operator: &Oper
             command = command.replace(placeholder, value);
         }
         if command.starts_with("kubectl wait") && command.contains("PolicyActive") {
+            (operator.before_policies)(plane);
             controller = Some(Controller::reconcile(
                 plane,
                 &Reconcile {
