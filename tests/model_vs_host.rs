@@ -1408,3 +1408,87 @@ fn can_i_and_its_5_s_cache() {
     assert!(!refused(&host), "after 5 s: {:?}", host.observed);
     println!("after 5 s: {:?}", host.observed);
 }
+
+/// Repeated verifications 50 ms away, over HTTPS and over plain HTTP (`insecure_sources`), the
+/// host against the model: a signed image first (the process's first verification), then an
+/// unsigned image three times (a failed verification is never cached, so each admission asks
+/// again) and another signed image. Prints each admission's time as the policy measured it on
+/// both sides, and the connections and requests the host's registry saw; asserts nothing on
+/// time (a measurement: `cargo test --test model_vs_host repeated_verifications -- --ignored
+/// --nocapture`). What it found and what the model does since is in `LiveHost::verify`: the
+/// host's cosign client keeps its connection between verifications (so does the model now);
+/// a new signed image costs the host ten requests and the model six.
+#[test]
+#[ignore = "a measurement: prints host and model times, asserts nothing on time"]
+fn repeated_verifications_host_and_model() {
+    let Some(tools) = RealTools::find("repeated_verifications_host_and_model") else {
+        return;
+    };
+    let _serial = one_at_a_time();
+    let signer = rig::cosign::Signer::generate();
+    let mirror = signing_mirror("mvh-repeat", &signer);
+    for n in 0..2 {
+        let image = rig::images::Image::new(&format!("mvh-repeat unsigned {n}"), "linux/amd64");
+        image.push(&mirror, "cache/org/app", Some(&format!("unsigned{n}")));
+    }
+    for transport in [Transport::Https, Transport::PlainHttp] {
+        let certificate = ServingCertificate::loopback();
+        let upstreams = [Upstream::registry(&mirror, "MIRROR", &certificate)];
+        let sides = Sides::start(
+            &tools,
+            &upstreams,
+            Duration::from_millis(50),
+            &signing_settings(&signer),
+            Options {
+                transport,
+                certificate: Some(copy(&certificate)),
+                ..Options::default()
+            },
+        );
+        let images = [
+            "src.example/org/app:signed0",
+            "src.example/org/app:unsigned0",
+            "src.example/org/app:unsigned0",
+            "src.example/org/app:unsigned0",
+            "src.example/org/app:signed1",
+            "src.example/org/app:unsigned1",
+        ];
+        for image in images {
+            let before = sides.seen().0.len();
+            let connections = |routes: &[Route]| -> usize {
+                routes
+                    .iter()
+                    .filter_map(|route| route.proxy.as_ref())
+                    .map(|proxy| proxy.connections.load(std::sync::atomic::Ordering::Relaxed))
+                    .sum()
+            };
+            let (host_connections, model_connections) = (
+                connections(&sides.real_routes),
+                connections(&sides.model_routes),
+            );
+            let host = sides.admit_real(&pod(&[image]));
+            let model = sides.admit_model(&pod(&[image]));
+            let seen = sides.seen().0;
+            println!(
+                "{transport:?} 50 ms {image}: host {} ms, model {} ms (policy-measured); connections host {} model {}; host's requests {:?}; same answer: {}",
+                evaluation_ms(&host),
+                evaluation_ms(&model),
+                connections(&sides.real_routes) - host_connections,
+                connections(&sides.model_routes) - model_connections,
+                &seen[before.min(seen.len())..],
+                host.observed.answer() == model.observed.answer(),
+            );
+            if host.observed.answer() != model.observed.answer() {
+                println!(
+                    "    host:  {:?}\n    model: {:?}",
+                    host.observed.answer(),
+                    model.observed.answer()
+                );
+            }
+        }
+        println!(
+            "{transport:?}: HTTPS attempts on plain registries {:?}",
+            sides.https_attempts()
+        );
+    }
+}

@@ -1240,12 +1240,18 @@ fn verifications_at_a_distance_stay_within_the_budget() {
         settings["mirrors"][0]["target"] = json!(format!("{}/cache", far.host));
         // Verified at the mirror: each image one verification there.
         settings["verifySource"] = json!(false);
-        // One image first: what one verification costs at this distance.
+        // One image first: what one verification costs at this distance. It also opens the
+        // process's cosign connection, which the host keeps (`LiveHost::verify`): the Pod
+        // after is a running policy-server's, whose verifications ask on that connection.
+        let process = LiveHost::default();
         let one = Instant::now();
         let single = validate(
             &settings,
             &pod(&world.image("v0")),
-            shared(LiveHost::default()),
+            shared(LiveHost {
+                cosign: process.cosign.clone(),
+                ..LiveHost::default()
+            }),
         );
         let verification = one.elapsed();
         assert_eq!(
@@ -1258,7 +1264,10 @@ fn verifications_at_a_distance_stay_within_the_budget() {
             .map(|i| json!({"name": format!("c{i}"), "image": world.image(&format!("v{i}"))}))
             .collect();
         let request = pod_request("CREATE", json!({ "containers": containers }));
-        let host = shared(LiveHost::default());
+        let host = shared(LiveHost {
+            cosign: process.cosign.clone(),
+            ..LiveHost::default()
+        });
         let started = Instant::now();
         let response = validate(&settings, &request, host.clone());
         let took = started.elapsed();
@@ -1820,5 +1829,55 @@ fn record_signature_cases() {
         "signatures-other-digest-kept",
         &settings,
         &other.image("signed"),
+    );
+}
+
+/// The rig's host keeps the cosign connection as the real policy-server 1.35 does: measured
+/// against it (`model_vs_host` `repeated_verifications_host_and_model`, 50 ms), after a
+/// registry's first verification the host opened no connection there, and an unsigned image
+/// admitted again cost two requests, `GET /v2/` and the signature manifest (the failed
+/// verification is asked again, the copy's digest for `signatureCopy` answered from the 60 s
+/// cache). The same here, through the 1.35 model's process and its proxy.
+#[test]
+fn a_failed_verification_asked_again_keeps_its_connection() {
+    use rig::hosts::PolicyServer as ModelServer;
+    use rig::proxy::{HostModel, LatencyProxy, Transport};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let world = World::start("sig-again", Signer::generate());
+    let unsigned = Image::new("sig-again unsigned", "linux/amd64");
+    let digest = unsigned.push(&world.mirror, &format!("cache/{REPOSITORY}"), Some("u0"));
+    let far = LatencyProxy::start_as(
+        &world.mirror.host,
+        Duration::from_millis(5),
+        HostModel::V1_35,
+        Transport::Https,
+    )
+    .expect("proxy");
+    let mut settings = world.swapper_settings_at_mirror();
+    settings["mirrors"][0]["target"] = json!(format!("{}/cache", far.host));
+    rig::policy();
+    let process = ModelServer::for_model(LiveHost::default(), HostModel::V1_35);
+    let first = validate(&settings, &pod(&world.image("u0")), process.evaluation());
+    assert!(first.accepted, "kept: {first:?}");
+    let (connections, seen) = (far.connections.load(Ordering::Relaxed), far.seen().len());
+    let again = validate(&settings, &pod(&world.image("u0")), process.evaluation());
+    assert_eq!(again.image("containers", 0), first.image("containers", 0));
+    assert_eq!(
+        far.connections.load(Ordering::Relaxed) - connections,
+        0,
+        "no new connection for the verification asked again: {:?}",
+        far.seen()
+    );
+    assert_eq!(
+        far.seen()[seen..].to_vec(),
+        vec![
+            "GET /v2/".to_string(),
+            format!(
+                "GET /v2/cache/{REPOSITORY}/manifests/{}",
+                signature_tag(&digest)
+            ),
+        ],
+        "what the second admission asked"
     );
 }

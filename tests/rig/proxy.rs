@@ -170,6 +170,9 @@ pub struct LatencyProxy {
     /// The HTTP requests relayed to the registry so far (a request starts the first chunk a
     /// client sends on a new connection or after an answer): what the registry was asked.
     pub requests: Arc<AtomicUsize>,
+    /// The connections the client opened through the relay so far (each one the set-up's
+    /// round trips).
+    pub connections: Arc<AtomicUsize>,
     /// Each request as it reached the registry, in order: `METHOD PATH` for HTTP, `TLS` for a
     /// TLS handshake's first flight (a client trying HTTPS on a plain registry).
     pub seen: Arc<std::sync::Mutex<Vec<String>>>,
@@ -252,10 +255,13 @@ impl LatencyProxy {
         let counted = requests.clone();
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seeing = seen.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let connected = connections.clone();
         thread::spawn(move || {
             while !stopping.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((client, _)) => {
+                        connected.fetch_add(1, Ordering::Relaxed);
                         let upstream = upstream.clone();
                         let cold = if process.first_lookup() {
                             cold_start
@@ -277,6 +283,7 @@ impl LatencyProxy {
             round_trip,
             model,
             requests,
+            connections,
             seen,
             stop,
         })
