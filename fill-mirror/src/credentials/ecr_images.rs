@@ -4,7 +4,7 @@
 //! which deletes the image with it when it was the image's last tag (ECR's documented rule).
 
 use aws_sdk_ecr::error::DisplayErrorContext;
-use aws_sdk_ecr::types::ImageIdentifier;
+use aws_sdk_ecr::types::{ImageFailure, ImageIdentifier};
 
 use super::Access;
 use crate::retention::inventory::pruned;
@@ -108,26 +108,62 @@ impl Access {
                 return tags.iter().map(|_| Err(error.clone())).collect();
             }
         };
-        tags.iter()
-            .map(|tag| {
-                let failure = (answer.failures()).iter().find(|failure| {
-                    failure.image_id().and_then(|id| id.image_tag()) == Some(tag.as_str())
-                });
-                match failure {
-                    None => Ok(()),
-                    Some(failure) => {
-                        let code = failure.failure_code().map(|code| code.as_str());
-                        match code {
-                            Some("ImageNotFound") => Ok(()),
-                            _ => Err(format!(
-                                "BatchDeleteImage: {} {:?}",
-                                code.unwrap_or("?"),
-                                failure.failure_reason().unwrap_or_default()
-                            )),
-                        }
-                    }
-                }
-            })
+        (tags.iter())
+            .map(|tag| outcome(tag, answer.failures()))
             .collect()
+    }
+}
+
+/// One tag's outcome in a `BatchDeleteImage` answer: removed unless a failure names it; a tag
+/// ECR no longer finds (`ImageNotFound`) is gone already, any other failure is its code and reason.
+fn outcome(tag: &str, failures: &[ImageFailure]) -> Result<(), String> {
+    let failure = (failures.iter())
+        .find(|failure| failure.image_id().and_then(|id| id.image_tag()) == Some(tag));
+    let Some(failure) = failure else {
+        return Ok(());
+    };
+    match failure.failure_code().map(|code| code.as_str()) {
+        Some("ImageNotFound") => Ok(()),
+        code => Err(format!(
+            "BatchDeleteImage: {} {:?}",
+            code.unwrap_or("?"),
+            failure.failure_reason().unwrap_or_default()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_ecr::types::ImageFailureCode;
+
+    fn failure(tag: &str, code: ImageFailureCode, reason: &str) -> ImageFailure {
+        ImageFailure::builder()
+            .image_id(ImageIdentifier::builder().image_tag(tag).build())
+            .failure_code(code)
+            .failure_reason(reason)
+            .build()
+    }
+
+    #[test]
+    fn each_tag_is_removed_unless_a_failure_names_it_and_not_found_is_gone_already() {
+        let failures = [
+            failure(
+                "inuse-one-aa",
+                ImageFailureCode::ImageNotFound,
+                "Requested image not found",
+            ),
+            failure(
+                "inuse-two-aa",
+                ImageFailureCode::KmsError,
+                "the key is disabled",
+            ),
+        ];
+        assert_eq!(outcome("inuse-three-aa", &failures), Ok(()));
+        assert_eq!(outcome("inuse-one-aa", &failures), Ok(()));
+        assert_eq!(
+            outcome("inuse-two-aa", &failures),
+            Err("BatchDeleteImage: KmsError \"the key is disabled\"".to_string())
+        );
     }
 }
