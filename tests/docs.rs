@@ -1657,6 +1657,7 @@ fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
                 "fill-job.json",
                 "policy-server-reader.json",
                 "prune-job.json",
+                "irsa-trust-mirror-unanchor.json",
                 "irsa-trust-mirror-lifecycle.json",
                 "lifecycle-job.json",
             ][..],
@@ -1685,7 +1686,7 @@ fn the_iam_documents_are_rendered_from_the_overlays_mirror() {
             rendered += 1;
         }
     }
-    assert_eq!(rendered, 10);
+    assert_eq!(rendered, 11);
     // Another mirror: the one value reaches every ARN.
     let dir = scratch.join("overlay");
     std::fs::create_dir_all(&dir).expect("dir");
@@ -2228,12 +2229,12 @@ fn the_irsa_roles_are_the_ones_the_service_accounts_name() {
         checked += 1;
     }
     assert_eq!(
-        checked, 3,
-        "the read role, the fill job's and the lifecycle CronJob's, by IRSA"
+        checked, 4,
+        "the read role, the fill job's, the unanchoring CronJob's and the lifecycle CronJob's, by IRSA"
     );
     assert_eq!(
-        pod_identity, 3,
-        "the read role, the fill job's and the lifecycle CronJob's, by EKS Pod Identity"
+        pod_identity, 4,
+        "the read role, the fill job's, the unanchoring CronJob's and the lifecycle CronJob's, by EKS Pod Identity"
     );
 }
 

@@ -112,8 +112,10 @@ pub struct Prune {
     pub delete: bool,
     /// Where the registry's own rules delete (ECR lifecycle, Artifact Registry cleanup, Harbor
     /// retention): remove only the anchor tags `inuse-*` of what no fresh set has named for
-    /// --keep-for, so those rules expire it; never delete a manifest. --max-deletions then
-    /// bounds the digests unanchored in a run.
+    /// --keep-for, so those rules expire it; never delete a manifest by digest. On an
+    /// --ecr-registry through ECR's API (DescribeImages, BatchDeleteImage), where an image whose
+    /// anchors are its last tags goes with them. --max-deletions then bounds the digests
+    /// unanchored in a run.
     #[arg(long)]
     pub unanchor_only: bool,
     /// The plan as lines a person reads, or as one JSON object.

@@ -7,6 +7,7 @@
 
 mod auth_file;
 mod ecr;
+mod ecr_images;
 mod gar;
 mod source_namespaces;
 mod sources;

@@ -2,8 +2,10 @@
 //! lifecycle, Artifact Registry cleanup, Harbor retention) and an anchor tag keeps an image from
 //! them. It reads what the prune reads, applies the same decision (`retention::unanchor`),
 //! stores the same ledger, and with `--delete` removes the anchor tags of what no fresh set has
-//! named for the age, never a manifest: the registry's rules then expire it. Exit codes as the
-//! prune's: 0 ran, 1 a removal failed, 2 could not run, 3 a stale set blocked every removal.
+//! named for the age, never a manifest by digest: the registry's rules then expire it. On an
+//! `--ecr-registry` the inventory and removals are ECR's API (credentials/ecr_images.rs), and
+//! an image whose anchors are its last tags goes with them. Exit codes as the prune's: 0 ran,
+//! 1 a removal failed, 2 could not run, 3 a stale set blocked every removal.
 
 use std::sync::Arc;
 
@@ -25,6 +27,8 @@ use crate::retention::{inventory, say_duration, sets};
 #[serde(rename_all = "camelCase")]
 struct Run {
     registry: String,
+    /// An `--ecr-registry`: removing an image's last tags deletes the image.
+    ecr: bool,
     #[serde(flatten)]
     plan: UnanchorPlan,
     /// The anchor tags removed, as `repository:tag`.
@@ -57,14 +61,14 @@ pub async fn unanchor(args: Prune) -> anyhow::Result<u8> {
     for host in hosts.keys() {
         let named = args.access.ecr_registries.iter().any(|ecr| ecr == host);
         anyhow::ensure!(
-            !named && ecr_host(host).is_none(),
-            "--mirror {host}: an ECR registry, which --unanchor-only does not act on: ECR lists no \
-             catalog, and removing an image's last tag deletes the image; its lifecycle policy's \
-             anchor rule keeps what is anchored (docs/retention.md, EKS with ECR)"
+            named || ecr_host(host).is_none(),
+            "--mirror {host}: an ECR registry not named by --ecr-registry: ECR lists no catalog \
+             and deletes no tag through the registry, so --unanchor-only reads and removes \
+             through ECR's API, with --ecr-registry {host} (docs/retention.md, EKS with ECR)"
         );
     }
     let access = Arc::new(Access::new(&args.access, args.insecure).await?);
-    let http = RegistryHttp::new(access)?;
+    let http = RegistryHttp::new(access.clone())?;
     let referrers = Referrers::new(http.clone());
     let mirror = Mirror::new(http);
     let parameters = Parameters {
@@ -85,11 +89,15 @@ pub async fn unanchor(args: Prune) -> anyhow::Result<u8> {
     for (host, paths) in hosts {
         let in_use = &args.in_use_repository;
         let repository = &format!("{host}/{in_use}");
+        let ecr = access.is_ecr_registry(&host);
         let read = async {
             let sets = sets::read_sets(&mirror, repository).await?;
             let ledger = sets::read_ledger(&mirror, repository).await?;
-            let inventory =
-                inventory::inventory(&mirror, &referrers, &host, &paths, in_use).await?;
+            let inventory = if ecr {
+                access.ecr_inventory(&host, &paths, in_use).await?
+            } else {
+                inventory::inventory(&mirror, &referrers, &host, &paths, in_use).await?
+            };
             Ok::<_, String>(unanchor_plan(&sets, &ledger, &inventory, &parameters))
         };
         let plan = read
@@ -102,6 +110,7 @@ pub async fn unanchor(args: Prune) -> anyhow::Result<u8> {
             .map_err(|error| anyhow::anyhow!("{host}: storing the prune's ledger: {error}"))?;
         let mut run = Run {
             registry: host.clone(),
+            ecr,
             plan,
             removed: Vec::new(),
             failed: Vec::new(),
@@ -109,8 +118,17 @@ pub async fn unanchor(args: Prune) -> anyhow::Result<u8> {
         if args.delete {
             for unanchoring in &run.plan.unanchor {
                 let at = format!("{host}/{}", unanchoring.repository);
-                for tag in &unanchoring.anchors {
-                    match mirror.delete_tag(&at, tag).await {
+                let outcomes = if ecr {
+                    (access.ecr_untag(&host, &unanchoring.repository, &unanchoring.anchors)).await
+                } else {
+                    let mut outcomes = Vec::new();
+                    for tag in &unanchoring.anchors {
+                        outcomes.push(mirror.delete_tag(&at, tag).await);
+                    }
+                    outcomes
+                };
+                for (tag, outcome) in unanchoring.anchors.iter().zip(outcomes) {
+                    match outcome {
                         Ok(()) => run
                             .removed
                             .push(format!("{}:{tag}", unanchoring.repository)),
@@ -148,10 +166,12 @@ fn lines(report: &Report) -> String {
     let mut out = String::new();
     for run in &report.registries {
         let host = &run.registry;
-        let mode = if report.dry_run {
-            "dry run: no anchor is removed (--delete acts)"
-        } else {
-            "--delete: anchors only, never a manifest"
+        let mode = match (report.dry_run, run.ecr) {
+            (true, _) => "dry run: no anchor is removed (--delete acts)",
+            (false, false) => "--delete: anchors only, never a manifest",
+            (false, true) => {
+                "--delete: anchors only, by ECR's BatchDeleteImage; an image goes with its last tags"
+            }
         };
         out.push_str(&format!("unanchor of {host} ({mode})\n"));
         for stale in &run.plan.blocked {
@@ -160,6 +180,15 @@ fn lines(report: &Report) -> String {
         let image = |u: &Unanchoring| format!("{host}/{}@{}", u.repository, u.digest);
         for unanchoring in &run.plan.unanchor {
             let why = say_gone(&unanchoring.why, now, keep_for);
+            // ECR deletes an image with its last tag: a deletion, and counted as one.
+            let rest = if run.ecr && unanchoring.last_tags {
+                format!(
+                    "its last tags: the image goes with them (one of --max-deletions {})",
+                    report.max_deletions
+                )
+            } else {
+                "the registry's own rules decide the rest".to_string()
+            };
             for tag in &unanchoring.anchors {
                 let failed = (run.failed.iter())
                     .find(|f| f.tag == *tag && f.repository == unanchoring.repository);
@@ -171,7 +200,7 @@ fn lines(report: &Report) -> String {
                     (false, None) => "removed".to_string(),
                 };
                 out.push_str(&format!(
-                    "{verb} the anchor {tag} of {}: {why}; the registry's own rules decide the rest\n",
+                    "{verb} the anchor {tag} of {}: {why}; {rest}\n",
                     image(unanchoring)
                 ));
             }
@@ -204,8 +233,14 @@ fn lines(report: &Report) -> String {
             run.removed.len()
         };
         let digests = run.plan.unanchor.len();
+        let images = (run.plan.unanchor.iter()).filter(|u| u.last_tags).count();
+        let images = if run.ecr {
+            format!(" ({images} of them images that go with their last tags)")
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "summary {host}: {} kept, {removed} anchor{} of {digests} digest{} {}, {} held, {} failed, {} stale sets (--keep-for {})\n",
+            "summary {host}: {} kept, {removed} anchor{} of {digests} digest{}{images} {}, {} held, {} failed, {} stale sets (--keep-for {})\n",
             run.plan.kept.len(),
             if removed == 1 { "" } else { "s" },
             if digests == 1 { "" } else { "s" },

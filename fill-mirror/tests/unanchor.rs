@@ -392,14 +392,15 @@ fn a_registry_that_refuses_to_delete_a_tag_is_named_and_no_manifest_is_deleted_i
 }
 
 #[test]
-fn an_ecr_registry_is_refused_before_any_request_saying_why() {
+fn an_ecr_registry_not_named_by_ecr_registry_is_refused_before_any_request_saying_why() {
     let mirror = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/hub";
     let output = run(&["prune", "--unanchor-only", "--mirror", mirror, "--delete"]);
     assert_eq!(output.status.code(), Some(2), "{}", out(&output));
     let said = out(&output);
     assert!(
         said.contains("123456789012.dkr.ecr.eu-west-1.amazonaws.com")
-            && said.contains("removing an image's last tag deletes the image"),
+            && said.contains("not named by --ecr-registry")
+            && said.contains("through ECR's API"),
         "{said}"
     );
 }

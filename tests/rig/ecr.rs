@@ -113,7 +113,7 @@ fn ecr_api(
     }
 }
 
-fn describe_repository(endpoint: &str, name: &str) -> Option<serde_json::Value> {
+pub(super) fn describe_repository(endpoint: &str, name: &str) -> Option<serde_json::Value> {
     ecr_api(
         endpoint,
         "DescribeRepositories",
@@ -287,6 +287,8 @@ impl Front {
             }
         };
         let code = reply.status();
+        // A redirect names the host the client asked (a relay's, when one is before the gate).
+        let origin = header("Host").first().cloned().unwrap_or(self.host.clone());
         let length: usize = reply
             .header("Content-Length")
             .and_then(|l| l.parse().ok())
@@ -299,7 +301,7 @@ impl Front {
                     .contains(&name.to_ascii_lowercase().as_str())
             })
             .filter_map(|name| {
-                let value = reply.header(&name)?.replace(&self.storage, &self.host);
+                let value = reply.header(&name)?.replace(&self.storage, &origin);
                 Some((name, value))
             })
             .collect();

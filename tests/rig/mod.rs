@@ -7,6 +7,7 @@ pub mod chain;
 pub mod controller;
 pub mod cosign;
 pub mod ecr;
+pub mod ecr_api;
 pub mod front;
 pub mod hanging;
 pub mod hosts;

@@ -7,7 +7,8 @@
 # provider id for the IRSA trust policies (the last part of `aws eks describe-cluster --query
 # cluster.identity.oidc.issuer`). Writes into OUT (default: this folder) the two roles' trust
 # policies and, for deploy/eks-ecr, fill-job.json, policy-server-reader.json and prune-job.json
-# (the prune's: the one identity that may delete, an anchor tag, docs/retention.md), and the
+# with its trust policy (the prune's, ServiceAccount mirror-unanchor: the one identity that may
+# delete, an anchor tag, docs/retention.md), and the
 # lifecycle CronJob's role (without-creation-template): its trust policy and lifecycle-job.json; for a
 # pull-through overlay (a rule marked pullThrough), pull-through-cache.json, both roles' policy.
 # The files beside this script are its output for the overlays' example values (tests/docs.rs
@@ -83,6 +84,8 @@ render "{Version: \"2012-10-17\", Statement: [{Sid: \"PushLogin\", Effect: \"All
 # ledger (a push); the mirror's images listed and their manifests read; a stale anchor tag removed
 # (BatchDeleteImage by tag removes that tag only while the image has others: the last one goes
 # with its image, which the lifecycle rule would expire anyway). No other identity may delete.
+# Its role is the unanchoring CronJob's (mirror-unanchor.yaml).
+trust mirror-unanchor
 render "{Version: \"2012-10-17\", Statement: [{Sid: \"PullLogin\", Effect: \"Allow\", Action: \"ecr:GetAuthorizationToken\", Resource: \"*\"},
   {Sid: \"ReadTheInUseSetsAndKeepTheLedger\", Effect: \"Allow\", Action: [\"ecr:ListImages\", \"ecr:BatchGetImage\",
     \"ecr:GetDownloadUrlForLayer\", \"ecr:BatchCheckLayerAvailability\", \"ecr:InitiateLayerUpload\", \"ecr:UploadLayerPart\",

@@ -74,8 +74,8 @@ pub(super) struct Ecr {
     pub(super) host: String,
     /// The account the host names, for the repositories' `registryId`; None for a host that is
     /// not ECR's form (a test's loopback registry): the caller's own account.
-    registry_id: Option<String>,
-    client: aws_sdk_ecr::Client,
+    pub(super) registry_id: Option<String>,
+    pub(super) client: aws_sdk_ecr::Client,
 }
 
 impl Access {

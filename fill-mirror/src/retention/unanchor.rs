@@ -17,6 +17,10 @@ pub struct Unanchoring {
     pub digest: String,
     /// Its anchor tags (`inuse-<cluster>-<hex>` naming this very digest), every cluster's.
     pub anchors: Vec<String>,
+    /// The anchors are every tag the image has: on ECR their removal deletes the image ("When
+    /// you remove the last tag from an image, the image is deleted"), elsewhere it leaves an
+    /// untagged manifest to the registry's rules.
+    pub last_tags: bool,
     pub why: Gone,
 }
 
@@ -78,6 +82,7 @@ fn anchored(deletion: Deletion) -> Option<Unanchoring> {
         .cloned()
         .collect();
     (!anchors.is_empty()).then_some(Unanchoring {
+        last_tags: anchors.len() == deletion.tags.len(),
         repository: deletion.repository,
         digest: deletion.digest,
         anchors,
@@ -191,6 +196,7 @@ mod tests {
             [anchor("one", 5), anchor("two", 5)]
         );
         assert!(matches!(plan.unanchor[0].why, Gone::NamedLast { .. }));
+        assert!(!plan.unanchor[0].last_tags, "0.9 and inuse-mine stay on it");
         assert!(
             plan.held.is_empty(),
             "6 has no anchor: the registry's already"
@@ -216,6 +222,10 @@ mod tests {
         let bounded = unanchor_plan(&fresh, &dropped, &tagged, &parameters(2));
         let digests: Vec<&str> = bounded.unanchor.iter().map(|u| u.digest.as_str()).collect();
         assert_eq!(digests, [digest(6), digest(7)]);
+        assert!(
+            bounded.unanchor.iter().all(|u| u.last_tags),
+            "each image's one tag is its anchor: on ECR it goes with it, and counts"
+        );
         assert_eq!(bounded.held.len(), 1);
         let stale = Timestamp::from_second(NOW - 2 * 3600).unwrap();
         let blocked = [fresh[0].clone(), set("two", stale, &[])];

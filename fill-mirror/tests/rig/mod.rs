@@ -18,6 +18,10 @@ pub mod referrers;
 #[path = "../../../tests/rig/ecr.rs"]
 pub mod ecr;
 
+// ECR's API of images (DescribeImages, BatchDeleteImage) from the registry's storage.
+#[path = "../../../tests/rig/ecr_api.rs"]
+pub mod ecr_api;
+
 #[path = "../../../tests/rig/front.rs"]
 pub mod front;
 
